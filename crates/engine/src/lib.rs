@@ -1,0 +1,2 @@
+//! mlx-gen engine.
+#![forbid(unsafe_code)]

@@ -1,0 +1,117 @@
+/* mlx-gen's C ABI over the MLX C++ API (pinned to 0.32.4).
+ *
+ * Every function returns 0 on success and non-zero on failure; on failure the
+ * MLX exception text is kept per thread and read with mlxs_last_error().
+ * Arrays are opaque heap handles owned by the caller (free with mlxs_array_free).
+ * Results come back through out-parameters. Optional arrays are passed as NULL. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mlxs_array_* mlxs_array;
+typedef struct mlxs_tensors_* mlxs_tensors;
+
+const char* mlxs_last_error(void);
+
+/* library and device */
+const char* mlxs_version(void);
+int mlxs_gpu_available(void);
+int mlxs_set_default_device(int gpu);
+int mlxs_device_name(char* buf, size_t len);
+
+/* array lifecycle and host access */
+void mlxs_array_free(mlxs_array a);
+int mlxs_array_clone(mlxs_array* out, const mlxs_array a);
+int mlxs_array_from_data(mlxs_array* out, const void* data, const int32_t* shape, int ndim, int dtype);
+int mlxs_array_scalar(mlxs_array* out, double value, int dtype);
+int mlxs_array_ndim(const mlxs_array a);
+int mlxs_array_shape(const mlxs_array a, int32_t* shape);
+int mlxs_array_dtype(const mlxs_array a);
+size_t mlxs_array_size(const mlxs_array a);
+size_t mlxs_array_nbytes(const mlxs_array a);
+int mlxs_array_to_host(const mlxs_array a, int dtype, void* buf, size_t nbytes);
+int mlxs_eval(const mlxs_array* arrays, size_t n);
+int mlxs_async_eval(const mlxs_array* arrays, size_t n);
+
+/* elementwise */
+int mlxs_unary(mlxs_array* out, int op, const mlxs_array a);
+int mlxs_binary(mlxs_array* out, int op, const mlxs_array a, const mlxs_array b);
+int mlxs_where(mlxs_array* out, const mlxs_array cond, const mlxs_array x, const mlxs_array y);
+int mlxs_astype(mlxs_array* out, const mlxs_array a, int dtype);
+
+/* linear algebra */
+int mlxs_matmul(mlxs_array* out, const mlxs_array a, const mlxs_array b);
+int mlxs_addmm(mlxs_array* out, const mlxs_array c, const mlxs_array a, const mlxs_array b, float alpha, float beta);
+int mlxs_quantized_matmul(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                          const mlxs_array biases, int transpose, int group_size, int bits, const char* mode);
+int mlxs_quantize(mlxs_array* w_out, mlxs_array* scales_out, mlxs_array* biases_out, const mlxs_array w,
+                  int group_size, int bits, const char* mode);
+int mlxs_dequantize(mlxs_array* out, const mlxs_array w, const mlxs_array scales, const mlxs_array biases,
+                    int group_size, int bits, const char* mode, int dtype);
+
+/* shapes and indexing */
+int mlxs_reshape(mlxs_array* out, const mlxs_array a, const int32_t* shape, int ndim);
+int mlxs_transpose(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n);
+int mlxs_expand_dims(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n);
+int mlxs_squeeze(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n);
+int mlxs_slice(mlxs_array* out, const mlxs_array a, const int32_t* start, const int32_t* stop,
+               const int32_t* strides, int n);
+int mlxs_slice_update(mlxs_array* out, const mlxs_array src, const mlxs_array update, const int32_t* start,
+                      const int32_t* stop, int n);
+int mlxs_concatenate(mlxs_array* out, const mlxs_array* arrays, size_t n, int axis);
+int mlxs_stack(mlxs_array* out, const mlxs_array* arrays, size_t n, int axis);
+int mlxs_take(mlxs_array* out, const mlxs_array a, const mlxs_array indices, int axis);
+int mlxs_take_along_axis(mlxs_array* out, const mlxs_array a, const mlxs_array indices, int axis);
+int mlxs_put_along_axis(mlxs_array* out, const mlxs_array a, const mlxs_array indices, const mlxs_array values,
+                        int axis);
+int mlxs_arange(mlxs_array* out, double start, double stop, double step, int dtype);
+int mlxs_full(mlxs_array* out, const int32_t* shape, int ndim, const mlxs_array value, int dtype);
+int mlxs_contiguous(mlxs_array* out, const mlxs_array a);
+
+/* reductions and sorting (axes == NULL, n == 0: all axes) */
+int mlxs_reduce(mlxs_array* out, int op, const mlxs_array a, const int32_t* axes, int n, int keepdims);
+int mlxs_softmax(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n, int precise);
+int mlxs_sort_op(mlxs_array* out, int op, const mlxs_array a, int axis, int k);
+int mlxs_cumsum(mlxs_array* out, const mlxs_array a, int axis, int reverse, int inclusive);
+
+/* fused kernels (mlx::core::fast) */
+int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, float eps);
+int mlxs_layer_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, const mlxs_array bias, float eps);
+int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,
+              int offset, const mlxs_array freqs);
+int mlxs_sdpa(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,
+              const char* mask_mode, const mlxs_array mask, const mlxs_array sinks);
+
+/* random */
+int mlxs_random_seed(uint64_t seed);
+int mlxs_random_categorical(mlxs_array* out, const mlxs_array logits, int axis, const mlxs_array key);
+int mlxs_random_uniform(mlxs_array* out, const int32_t* shape, int ndim, int dtype, const mlxs_array key);
+
+/* safetensors */
+int mlxs_safetensors_load(mlxs_tensors* out, const char* path);
+void mlxs_tensors_free(mlxs_tensors t);
+size_t mlxs_tensors_len(const mlxs_tensors t);
+const char* mlxs_tensors_name(const mlxs_tensors t, size_t i);
+int mlxs_tensors_array(mlxs_array* out, const mlxs_tensors t, size_t i);
+size_t mlxs_tensors_meta_len(const mlxs_tensors t);
+const char* mlxs_tensors_meta_key(const mlxs_tensors t, size_t i);
+const char* mlxs_tensors_meta_value(const mlxs_tensors t, size_t i);
+int mlxs_safetensors_save(const char* path, const char* const* names, const mlxs_array* arrays, size_t n,
+                          const char* const* meta_keys, const char* const* meta_values, size_t m);
+
+/* memory */
+size_t mlxs_active_memory(void);
+size_t mlxs_peak_memory(void);
+size_t mlxs_cache_memory(void);
+void mlxs_reset_peak_memory(void);
+void mlxs_clear_cache(void);
+size_t mlxs_set_cache_limit(size_t limit);
+size_t mlxs_set_memory_limit(size_t limit);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,204 @@
+//! `extern "C"` declarations of `shim/shim.h`, one for one. Declarations only.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_double, c_float, c_int};
+
+#[repr(C)]
+pub struct mlxs_array_ {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct mlxs_tensors_ {
+    _private: [u8; 0],
+}
+pub type mlxs_array = *mut mlxs_array_;
+pub type mlxs_tensors = *mut mlxs_tensors_;
+
+extern "C" {
+    pub fn mlxs_last_error() -> *const c_char;
+
+    pub fn mlxs_version() -> *const c_char;
+    pub fn mlxs_gpu_available() -> c_int;
+    pub fn mlxs_set_default_device(gpu: c_int) -> c_int;
+    pub fn mlxs_device_name(buf: *mut c_char, len: usize) -> c_int;
+
+    pub fn mlxs_array_free(a: mlxs_array);
+    pub fn mlxs_array_clone(out: *mut mlxs_array, a: mlxs_array) -> c_int;
+    pub fn mlxs_array_from_data(
+        out: *mut mlxs_array,
+        data: *const u8,
+        shape: *const i32,
+        ndim: c_int,
+        dtype: c_int,
+    ) -> c_int;
+    pub fn mlxs_array_scalar(out: *mut mlxs_array, value: c_double, dtype: c_int) -> c_int;
+    pub fn mlxs_array_ndim(a: mlxs_array) -> c_int;
+    pub fn mlxs_array_shape(a: mlxs_array, shape: *mut i32) -> c_int;
+    pub fn mlxs_array_dtype(a: mlxs_array) -> c_int;
+    pub fn mlxs_array_size(a: mlxs_array) -> usize;
+    pub fn mlxs_array_nbytes(a: mlxs_array) -> usize;
+    pub fn mlxs_array_to_host(a: mlxs_array, dtype: c_int, buf: *mut u8, nbytes: usize) -> c_int;
+    pub fn mlxs_eval(arrays: *const mlxs_array, n: usize) -> c_int;
+    pub fn mlxs_async_eval(arrays: *const mlxs_array, n: usize) -> c_int;
+
+    pub fn mlxs_unary(out: *mut mlxs_array, op: c_int, a: mlxs_array) -> c_int;
+    pub fn mlxs_binary(out: *mut mlxs_array, op: c_int, a: mlxs_array, b: mlxs_array) -> c_int;
+    pub fn mlxs_where(out: *mut mlxs_array, cond: mlxs_array, x: mlxs_array, y: mlxs_array) -> c_int;
+    pub fn mlxs_astype(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
+
+    pub fn mlxs_matmul(out: *mut mlxs_array, a: mlxs_array, b: mlxs_array) -> c_int;
+    pub fn mlxs_addmm(
+        out: *mut mlxs_array,
+        c: mlxs_array,
+        a: mlxs_array,
+        b: mlxs_array,
+        alpha: c_float,
+        beta: c_float,
+    ) -> c_int;
+    pub fn mlxs_quantized_matmul(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        transpose: c_int,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
+    pub fn mlxs_quantize(
+        w_out: *mut mlxs_array,
+        scales_out: *mut mlxs_array,
+        biases_out: *mut mlxs_array,
+        w: mlxs_array,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
+    pub fn mlxs_dequantize(
+        out: *mut mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+        dtype: c_int,
+    ) -> c_int;
+
+    pub fn mlxs_reshape(out: *mut mlxs_array, a: mlxs_array, shape: *const i32, ndim: c_int) -> c_int;
+    pub fn mlxs_transpose(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int) -> c_int;
+    pub fn mlxs_expand_dims(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int) -> c_int;
+    pub fn mlxs_squeeze(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int) -> c_int;
+    pub fn mlxs_slice(
+        out: *mut mlxs_array,
+        a: mlxs_array,
+        start: *const i32,
+        stop: *const i32,
+        strides: *const i32,
+        n: c_int,
+    ) -> c_int;
+    pub fn mlxs_slice_update(
+        out: *mut mlxs_array,
+        src: mlxs_array,
+        update: mlxs_array,
+        start: *const i32,
+        stop: *const i32,
+        n: c_int,
+    ) -> c_int;
+    pub fn mlxs_concatenate(out: *mut mlxs_array, arrays: *const mlxs_array, n: usize, axis: c_int) -> c_int;
+    pub fn mlxs_stack(out: *mut mlxs_array, arrays: *const mlxs_array, n: usize, axis: c_int) -> c_int;
+    pub fn mlxs_take(out: *mut mlxs_array, a: mlxs_array, indices: mlxs_array, axis: c_int) -> c_int;
+    pub fn mlxs_take_along_axis(out: *mut mlxs_array, a: mlxs_array, indices: mlxs_array, axis: c_int) -> c_int;
+    pub fn mlxs_put_along_axis(
+        out: *mut mlxs_array,
+        a: mlxs_array,
+        indices: mlxs_array,
+        values: mlxs_array,
+        axis: c_int,
+    ) -> c_int;
+    pub fn mlxs_arange(out: *mut mlxs_array, start: c_double, stop: c_double, step: c_double, dtype: c_int)
+        -> c_int;
+    pub fn mlxs_full(out: *mut mlxs_array, shape: *const i32, ndim: c_int, value: mlxs_array, dtype: c_int)
+        -> c_int;
+    pub fn mlxs_contiguous(out: *mut mlxs_array, a: mlxs_array) -> c_int;
+
+    pub fn mlxs_reduce(
+        out: *mut mlxs_array,
+        op: c_int,
+        a: mlxs_array,
+        axes: *const i32,
+        n: c_int,
+        keepdims: c_int,
+    ) -> c_int;
+    pub fn mlxs_softmax(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int, precise: c_int) -> c_int;
+    pub fn mlxs_sort_op(out: *mut mlxs_array, op: c_int, a: mlxs_array, axis: c_int, k: c_int) -> c_int;
+    pub fn mlxs_cumsum(out: *mut mlxs_array, a: mlxs_array, axis: c_int, reverse: c_int, inclusive: c_int)
+        -> c_int;
+
+    pub fn mlxs_rms_norm(out: *mut mlxs_array, x: mlxs_array, weight: mlxs_array, eps: c_float) -> c_int;
+    pub fn mlxs_layer_norm(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        weight: mlxs_array,
+        bias: mlxs_array,
+        eps: c_float,
+    ) -> c_int;
+    pub fn mlxs_rope(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        dims: c_int,
+        traditional: c_int,
+        has_base: c_int,
+        base: c_float,
+        scale: c_float,
+        offset: c_int,
+        freqs: mlxs_array,
+    ) -> c_int;
+    pub fn mlxs_sdpa(
+        out: *mut mlxs_array,
+        q: mlxs_array,
+        k: mlxs_array,
+        v: mlxs_array,
+        scale: c_float,
+        mask_mode: *const c_char,
+        mask: mlxs_array,
+        sinks: mlxs_array,
+    ) -> c_int;
+
+    pub fn mlxs_random_seed(seed: u64) -> c_int;
+    pub fn mlxs_random_categorical(out: *mut mlxs_array, logits: mlxs_array, axis: c_int, key: mlxs_array) -> c_int;
+    pub fn mlxs_random_uniform(
+        out: *mut mlxs_array,
+        shape: *const i32,
+        ndim: c_int,
+        dtype: c_int,
+        key: mlxs_array,
+    ) -> c_int;
+
+    pub fn mlxs_safetensors_load(out: *mut mlxs_tensors, path: *const c_char) -> c_int;
+    pub fn mlxs_tensors_free(t: mlxs_tensors);
+    pub fn mlxs_tensors_len(t: mlxs_tensors) -> usize;
+    pub fn mlxs_tensors_name(t: mlxs_tensors, i: usize) -> *const c_char;
+    pub fn mlxs_tensors_array(out: *mut mlxs_array, t: mlxs_tensors, i: usize) -> c_int;
+    pub fn mlxs_tensors_meta_len(t: mlxs_tensors) -> usize;
+    pub fn mlxs_tensors_meta_key(t: mlxs_tensors, i: usize) -> *const c_char;
+    pub fn mlxs_tensors_meta_value(t: mlxs_tensors, i: usize) -> *const c_char;
+    pub fn mlxs_safetensors_save(
+        path: *const c_char,
+        names: *const *const c_char,
+        arrays: *const mlxs_array,
+        n: usize,
+        meta_keys: *const *const c_char,
+        meta_values: *const *const c_char,
+        m: usize,
+    ) -> c_int;
+
+    pub fn mlxs_active_memory() -> usize;
+    pub fn mlxs_peak_memory() -> usize;
+    pub fn mlxs_cache_memory() -> usize;
+    pub fn mlxs_reset_peak_memory();
+    pub fn mlxs_clear_cache();
+    pub fn mlxs_set_cache_limit(limit: usize) -> usize;
+    pub fn mlxs_set_memory_limit(limit: usize) -> usize;
+}

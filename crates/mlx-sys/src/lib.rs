@@ -1,0 +1,518 @@
+//! Bindings to MLX 0.32.4 through mlx-gen's C++ shim (`shim/`), and the only `unsafe` code of mlx-gen.
+//!
+//! `ffi` holds the raw declarations; this file wraps each in a safe function over an owning
+//! [`Handle`]. Failures come back as the MLX exception text; the `mlx` crate turns them into typed
+//! errors. Operation codes (`UNARY_*`, `BINARY_*`, ...) mirror the `switch`es in `shim.cpp`.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod ffi;
+
+use std::ffi::{c_int, CStr, CString};
+use std::ptr::{self, NonNull};
+
+/// The MLX backend this crate was built against (`cpu`, `cuda` or `metal`).
+pub const BUILD_BACKEND: &str = env!("MLX_GEN_BUILD_BACKEND");
+/// The folder holding the `libmlx` this crate was linked with.
+pub const BUILD_LIB_DIR: &str = env!("MLX_GEN_BUILD_LIB_DIR");
+
+/// An MLX error message.
+pub type Result<T> = std::result::Result<T, String>;
+
+/// An owned reference to one `mlx::core::array` (itself a reference-counted graph node).
+pub struct Handle(NonNull<ffi::mlxs_array_>);
+
+// SAFETY: an mlx::core::array is a shared_ptr to immutable graph data; moving the handle to another
+// thread is safe. It is not Sync: MLX evaluation is not thread-safe, so sharing needs a channel.
+unsafe impl Send for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: we own this handle, created by the shim, freed once here.
+        unsafe { ffi::mlxs_array_free(self.0.as_ptr()) }
+    }
+}
+
+impl Clone for Handle {
+    fn clone(&self) -> Self {
+        // Copying an mlx::core::array only bumps a reference count; failure means out of memory.
+        make(|o| unsafe { ffi::mlxs_array_clone(o, self.raw()) }).unwrap_or_else(|e| {
+            eprintln!("fatal: cannot copy an MLX array handle: {e}");
+            std::process::abort()
+        })
+    }
+}
+
+impl Handle {
+    fn raw(&self) -> ffi::mlxs_array {
+        self.0.as_ptr()
+    }
+}
+
+fn last_error() -> String {
+    // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string.
+    unsafe { CStr::from_ptr(ffi::mlxs_last_error()) }.to_string_lossy().into_owned()
+}
+
+fn check(status: c_int) -> Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}
+
+fn make(f: impl FnOnce(*mut ffi::mlxs_array) -> c_int) -> Result<Handle> {
+    let mut out: ffi::mlxs_array = ptr::null_mut();
+    check(f(&mut out))?;
+    NonNull::new(out).map(Handle).ok_or_else(|| "MLX returned no array".to_owned())
+}
+
+fn opt(a: Option<&Handle>) -> ffi::mlxs_array {
+    a.map_or(ptr::null_mut(), Handle::raw)
+}
+
+fn raws(arrays: &[&Handle]) -> Vec<ffi::mlxs_array> {
+    arrays.iter().map(|a| a.raw()).collect()
+}
+
+fn cstring(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| format!("string {s:?} contains a NUL byte"))
+}
+
+fn len_i32(n: usize) -> c_int {
+    c_int::try_from(n).unwrap_or(c_int::MAX)
+}
+
+// ---- library and device ----
+
+/// MLX's version string, e.g. `0.32.4`.
+pub fn version() -> String {
+    // SAFETY: MLX returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(ffi::mlxs_version()) }.to_string_lossy().into_owned()
+}
+
+pub fn gpu_available() -> bool {
+    // SAFETY: no arguments; the shim catches every exception.
+    unsafe { ffi::mlxs_gpu_available() != 0 }
+}
+
+pub fn set_default_device(gpu: bool) -> Result<()> {
+    check(unsafe { ffi::mlxs_set_default_device(c_int::from(gpu)) })
+}
+
+pub fn device_name() -> Result<String> {
+    let mut buf = vec![0u8; 256];
+    check(unsafe { ffi::mlxs_device_name(buf.as_mut_ptr().cast(), buf.len()) })?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+// ---- arrays ----
+
+/// Copies `data` (raw bytes of `shape` elements of `dtype`) into a new MLX array.
+pub fn from_data(data: &[u8], shape: &[i32], dtype: i32, itemsize: usize) -> Result<Handle> {
+    let n: usize = shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).product();
+    if data.len() != n * itemsize {
+        return Err(format!("{} bytes of data for shape {shape:?} of {itemsize}-byte elements", data.len()));
+    }
+    make(|o| unsafe { ffi::mlxs_array_from_data(o, data.as_ptr(), shape.as_ptr(), len_i32(shape.len()), dtype) })
+}
+
+pub fn scalar(value: f64, dtype: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_array_scalar(o, value, dtype) })
+}
+
+pub fn shape(a: &Handle) -> Vec<i32> {
+    // SAFETY: `shape` has room for ndim entries.
+    unsafe {
+        let n = usize::try_from(ffi::mlxs_array_ndim(a.raw())).unwrap_or(0);
+        let mut s = vec![0i32; n];
+        ffi::mlxs_array_shape(a.raw(), s.as_mut_ptr());
+        s
+    }
+}
+
+pub fn dtype(a: &Handle) -> i32 {
+    unsafe { ffi::mlxs_array_dtype(a.raw()) }
+}
+
+pub fn size(a: &Handle) -> usize {
+    unsafe { ffi::mlxs_array_size(a.raw()) }
+}
+
+pub fn nbytes(a: &Handle) -> usize {
+    unsafe { ffi::mlxs_array_nbytes(a.raw()) }
+}
+
+/// Evaluates `a` converted to `dtype` and copies it, row-major, into `buf`.
+pub fn to_host(a: &Handle, dtype: i32, buf: &mut [u8]) -> Result<()> {
+    check(unsafe { ffi::mlxs_array_to_host(a.raw(), dtype, buf.as_mut_ptr(), buf.len()) })
+}
+
+pub fn eval(arrays: &[&Handle]) -> Result<()> {
+    let r = raws(arrays);
+    check(unsafe { ffi::mlxs_eval(r.as_ptr(), r.len()) })
+}
+
+pub fn async_eval(arrays: &[&Handle]) -> Result<()> {
+    let r = raws(arrays);
+    check(unsafe { ffi::mlxs_async_eval(r.as_ptr(), r.len()) })
+}
+
+// ---- operation codes (see shim.cpp) ----
+pub const UNARY_EXP: i32 = 0;
+pub const UNARY_LOG: i32 = 1;
+pub const UNARY_NEG: i32 = 2;
+pub const UNARY_SIGMOID: i32 = 3;
+pub const UNARY_SQRT: i32 = 4;
+pub const UNARY_RSQRT: i32 = 5;
+pub const UNARY_ABS: i32 = 6;
+pub const UNARY_NOT: i32 = 7;
+pub const UNARY_SIN: i32 = 8;
+pub const UNARY_COS: i32 = 9;
+pub const UNARY_TANH: i32 = 10;
+pub const UNARY_SQUARE: i32 = 11;
+pub const UNARY_LOG1P: i32 = 12;
+pub const UNARY_FLOOR: i32 = 13;
+pub const UNARY_ERF: i32 = 14;
+pub const UNARY_STOP_GRADIENT: i32 = 15;
+
+pub const BINARY_ADD: i32 = 0;
+pub const BINARY_SUB: i32 = 1;
+pub const BINARY_MUL: i32 = 2;
+pub const BINARY_DIV: i32 = 3;
+pub const BINARY_MAX: i32 = 4;
+pub const BINARY_MIN: i32 = 5;
+pub const BINARY_POW: i32 = 6;
+pub const BINARY_EQ: i32 = 7;
+pub const BINARY_NE: i32 = 8;
+pub const BINARY_LT: i32 = 9;
+pub const BINARY_LE: i32 = 10;
+pub const BINARY_GT: i32 = 11;
+pub const BINARY_GE: i32 = 12;
+pub const BINARY_AND: i32 = 13;
+pub const BINARY_OR: i32 = 14;
+pub const BINARY_FLOOR_DIV: i32 = 15;
+pub const BINARY_REM: i32 = 16;
+
+pub const REDUCE_SUM: i32 = 0;
+pub const REDUCE_MAX: i32 = 1;
+pub const REDUCE_MIN: i32 = 2;
+pub const REDUCE_MEAN: i32 = 3;
+pub const REDUCE_PROD: i32 = 4;
+pub const REDUCE_LOGSUMEXP: i32 = 5;
+pub const REDUCE_ARGMAX: i32 = 6;
+pub const REDUCE_ARGMIN: i32 = 7;
+pub const REDUCE_ANY: i32 = 8;
+pub const REDUCE_ALL: i32 = 9;
+
+pub const SORT_SORT: i32 = 0;
+pub const SORT_ARGSORT: i32 = 1;
+pub const SORT_PARTITION: i32 = 2;
+pub const SORT_ARGPARTITION: i32 = 3;
+pub const SORT_TOPK: i32 = 4;
+
+// ---- operations ----
+
+pub fn unary(op: i32, a: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_unary(o, op, a.raw()) })
+}
+
+pub fn binary(op: i32, a: &Handle, b: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_binary(o, op, a.raw(), b.raw()) })
+}
+
+pub fn where_(cond: &Handle, x: &Handle, y: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_where(o, cond.raw(), x.raw(), y.raw()) })
+}
+
+pub fn astype(a: &Handle, dtype: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_astype(o, a.raw(), dtype) })
+}
+
+pub fn matmul(a: &Handle, b: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_matmul(o, a.raw(), b.raw()) })
+}
+
+pub fn addmm(c: &Handle, a: &Handle, b: &Handle, alpha: f32, beta: f32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_addmm(o, c.raw(), a.raw(), b.raw(), alpha, beta) })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn quantized_matmul(
+    x: &Handle,
+    w: &Handle,
+    scales: &Handle,
+    biases: Option<&Handle>,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+    mode: &str,
+) -> Result<Handle> {
+    let mode = cstring(mode)?;
+    make(|o| unsafe {
+        ffi::mlxs_quantized_matmul(
+            o,
+            x.raw(),
+            w.raw(),
+            scales.raw(),
+            opt(biases),
+            c_int::from(transpose),
+            group_size,
+            bits,
+            mode.as_ptr(),
+        )
+    })
+}
+
+/// Returns (packed weight, scales, biases); biases are absent in modes without them.
+pub fn quantize(w: &Handle, group_size: i32, bits: i32, mode: &str) -> Result<(Handle, Handle, Option<Handle>)> {
+    let mode = cstring(mode)?;
+    let (mut q, mut s, mut b) = (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
+    check(unsafe { ffi::mlxs_quantize(&mut q, &mut s, &mut b, w.raw(), group_size, bits, mode.as_ptr()) })?;
+    let q = NonNull::new(q).map(Handle).ok_or("MLX returned no array")?;
+    let s = NonNull::new(s).map(Handle).ok_or("MLX returned no array")?;
+    Ok((q, s, NonNull::new(b).map(Handle)))
+}
+
+/// `dtype < 0` keeps MLX's default output dtype (that of the scales).
+pub fn dequantize(
+    w: &Handle,
+    scales: &Handle,
+    biases: Option<&Handle>,
+    group_size: i32,
+    bits: i32,
+    mode: &str,
+    dtype: i32,
+) -> Result<Handle> {
+    let mode = cstring(mode)?;
+    make(|o| unsafe {
+        ffi::mlxs_dequantize(o, w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr(), dtype)
+    })
+}
+
+pub fn reshape(a: &Handle, shape: &[i32]) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_reshape(o, a.raw(), shape.as_ptr(), len_i32(shape.len())) })
+}
+
+pub fn transpose(a: &Handle, axes: &[i32]) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_transpose(o, a.raw(), axes.as_ptr(), len_i32(axes.len())) })
+}
+
+pub fn expand_dims(a: &Handle, axes: &[i32]) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_expand_dims(o, a.raw(), axes.as_ptr(), len_i32(axes.len())) })
+}
+
+/// Removes the given axes of size one (all of them when `axes` is empty).
+pub fn squeeze(a: &Handle, axes: &[i32]) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_squeeze(o, a.raw(), axes.as_ptr(), len_i32(axes.len())) })
+}
+
+pub fn slice(a: &Handle, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Handle> {
+    if start.len() != stop.len() || start.len() != strides.len() {
+        return Err("slice: start, stop and strides differ in length".into());
+    }
+    make(|o| unsafe {
+        ffi::mlxs_slice(o, a.raw(), start.as_ptr(), stop.as_ptr(), strides.as_ptr(), len_i32(start.len()))
+    })
+}
+
+pub fn slice_update(src: &Handle, update: &Handle, start: &[i32], stop: &[i32]) -> Result<Handle> {
+    if start.len() != stop.len() {
+        return Err("slice_update: start and stop differ in length".into());
+    }
+    make(|o| unsafe {
+        ffi::mlxs_slice_update(o, src.raw(), update.raw(), start.as_ptr(), stop.as_ptr(), len_i32(start.len()))
+    })
+}
+
+pub fn concatenate(arrays: &[&Handle], axis: i32) -> Result<Handle> {
+    let r = raws(arrays);
+    make(|o| unsafe { ffi::mlxs_concatenate(o, r.as_ptr(), r.len(), axis) })
+}
+
+pub fn stack(arrays: &[&Handle], axis: i32) -> Result<Handle> {
+    let r = raws(arrays);
+    make(|o| unsafe { ffi::mlxs_stack(o, r.as_ptr(), r.len(), axis) })
+}
+
+pub fn take(a: &Handle, indices: &Handle, axis: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_take(o, a.raw(), indices.raw(), axis) })
+}
+
+pub fn take_along_axis(a: &Handle, indices: &Handle, axis: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_take_along_axis(o, a.raw(), indices.raw(), axis) })
+}
+
+pub fn put_along_axis(a: &Handle, indices: &Handle, values: &Handle, axis: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_put_along_axis(o, a.raw(), indices.raw(), values.raw(), axis) })
+}
+
+pub fn arange(start: f64, stop: f64, step: f64, dtype: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_arange(o, start, stop, step, dtype) })
+}
+
+pub fn full(shape: &[i32], value: &Handle, dtype: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_full(o, shape.as_ptr(), len_i32(shape.len()), value.raw(), dtype) })
+}
+
+pub fn contiguous(a: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_contiguous(o, a.raw()) })
+}
+
+/// A reduction over `axes` (all axes when empty).
+pub fn reduce(op: i32, a: &Handle, axes: &[i32], keepdims: bool) -> Result<Handle> {
+    make(|o| unsafe {
+        ffi::mlxs_reduce(o, op, a.raw(), axes.as_ptr(), len_i32(axes.len()), c_int::from(keepdims))
+    })
+}
+
+pub fn softmax(a: &Handle, axes: &[i32], precise: bool) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_softmax(o, a.raw(), axes.as_ptr(), len_i32(axes.len()), c_int::from(precise)) })
+}
+
+pub fn sort_op(op: i32, a: &Handle, axis: i32, k: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_sort_op(o, op, a.raw(), axis, k) })
+}
+
+pub fn cumsum(a: &Handle, axis: i32, reverse: bool, inclusive: bool) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_cumsum(o, a.raw(), axis, c_int::from(reverse), c_int::from(inclusive)) })
+}
+
+pub fn rms_norm(x: &Handle, weight: Option<&Handle>, eps: f32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_rms_norm(o, x.raw(), opt(weight), eps) })
+}
+
+pub fn layer_norm(x: &Handle, weight: Option<&Handle>, bias: Option<&Handle>, eps: f32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_layer_norm(o, x.raw(), opt(weight), opt(bias), eps) })
+}
+
+pub fn rope(
+    x: &Handle,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offset: i32,
+    freqs: Option<&Handle>,
+) -> Result<Handle> {
+    make(|o| unsafe {
+        ffi::mlxs_rope(
+            o,
+            x.raw(),
+            dims,
+            c_int::from(traditional),
+            c_int::from(base.is_some()),
+            base.unwrap_or(0.0),
+            scale,
+            offset,
+            opt(freqs),
+        )
+    })
+}
+
+pub fn sdpa(
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    scale: f32,
+    mask_mode: &str,
+    mask: Option<&Handle>,
+    sinks: Option<&Handle>,
+) -> Result<Handle> {
+    let mode = cstring(mask_mode)?;
+    make(|o| unsafe { ffi::mlxs_sdpa(o, q.raw(), k.raw(), v.raw(), scale, mode.as_ptr(), opt(mask), opt(sinks)) })
+}
+
+pub fn random_seed(seed: u64) -> Result<()> {
+    check(unsafe { ffi::mlxs_random_seed(seed) })
+}
+
+pub fn random_categorical(logits: &Handle, axis: i32, key: Option<&Handle>) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_random_categorical(o, logits.raw(), axis, opt(key)) })
+}
+
+pub fn random_uniform(shape: &[i32], dtype: i32, key: Option<&Handle>) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_random_uniform(o, shape.as_ptr(), len_i32(shape.len()), dtype, opt(key)) })
+}
+
+// ---- safetensors ----
+
+/// Tensors (lazily read) and metadata of one safetensors file.
+pub struct Loaded {
+    pub tensors: Vec<(String, Handle)>,
+    pub metadata: Vec<(String, String)>,
+}
+
+pub fn load_safetensors(path: &str) -> Result<Loaded> {
+    let cpath = cstring(path)?;
+    let mut t: ffi::mlxs_tensors = ptr::null_mut();
+    check(unsafe { ffi::mlxs_safetensors_load(&mut t, cpath.as_ptr()) })?;
+    if t.is_null() {
+        return Err("MLX returned no tensors".into());
+    }
+    let text = |p: *const std::ffi::c_char| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    let result = (|| {
+        let n = unsafe { ffi::mlxs_tensors_len(t) };
+        let mut tensors = Vec::with_capacity(n);
+        for i in 0..n {
+            let name = text(unsafe { ffi::mlxs_tensors_name(t, i) });
+            let a = make(|o| unsafe { ffi::mlxs_tensors_array(o, t, i) })?;
+            tensors.push((name, a));
+        }
+        let m = unsafe { ffi::mlxs_tensors_meta_len(t) };
+        let metadata = (0..m)
+            .map(|i| unsafe { (text(ffi::mlxs_tensors_meta_key(t, i)), text(ffi::mlxs_tensors_meta_value(t, i))) })
+            .collect();
+        Ok(Loaded { tensors, metadata })
+    })();
+    // SAFETY: `t` was created by the shim and is not used after this.
+    unsafe { ffi::mlxs_tensors_free(t) };
+    result
+}
+
+pub fn save_safetensors(path: &str, tensors: &[(&str, &Handle)], metadata: &[(&str, &str)]) -> Result<()> {
+    let cpath = cstring(path)?;
+    let names = tensors.iter().map(|(n, _)| cstring(n)).collect::<Result<Vec<_>>>()?;
+    let name_ptrs: Vec<_> = names.iter().map(|n| n.as_ptr()).collect();
+    let arrays: Vec<_> = tensors.iter().map(|(_, a)| a.raw()).collect();
+    let keys = metadata.iter().map(|(k, _)| cstring(k)).collect::<Result<Vec<_>>>()?;
+    let vals = metadata.iter().map(|(_, v)| cstring(v)).collect::<Result<Vec<_>>>()?;
+    let key_ptrs: Vec<_> = keys.iter().map(|k| k.as_ptr()).collect();
+    let val_ptrs: Vec<_> = vals.iter().map(|v| v.as_ptr()).collect();
+    check(unsafe {
+        ffi::mlxs_safetensors_save(
+            cpath.as_ptr(),
+            name_ptrs.as_ptr(),
+            arrays.as_ptr(),
+            arrays.len(),
+            key_ptrs.as_ptr(),
+            val_ptrs.as_ptr(),
+            key_ptrs.len(),
+        )
+    })
+}
+
+// ---- memory ----
+
+pub fn active_memory() -> usize {
+    unsafe { ffi::mlxs_active_memory() }
+}
+pub fn peak_memory() -> usize {
+    unsafe { ffi::mlxs_peak_memory() }
+}
+pub fn cache_memory() -> usize {
+    unsafe { ffi::mlxs_cache_memory() }
+}
+pub fn reset_peak_memory() {
+    unsafe { ffi::mlxs_reset_peak_memory() }
+}
+pub fn clear_cache() {
+    unsafe { ffi::mlxs_clear_cache() }
+}
+pub fn set_cache_limit(limit: usize) -> usize {
+    unsafe { ffi::mlxs_set_cache_limit(limit) }
+}
+pub fn set_memory_limit(limit: usize) -> usize {
+    unsafe { ffi::mlxs_set_memory_limit(limit) }
+}

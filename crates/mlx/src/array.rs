@@ -1,0 +1,249 @@
+//! [`Array`]: one owned reference to a lazily evaluated MLX array, and its [`Dtype`].
+use crate::error::{ctx, Error, Result};
+use mlx_sys::Handle;
+use std::fmt;
+
+/// Element types, numbered as MLX's `Dtype::Val`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    Bool = 0,
+    U8 = 1,
+    U16 = 2,
+    U32 = 3,
+    U64 = 4,
+    I8 = 5,
+    I16 = 6,
+    I32 = 7,
+    I64 = 8,
+    F16 = 9,
+    F32 = 10,
+    F64 = 11,
+    BF16 = 12,
+    C64 = 13,
+}
+
+impl Dtype {
+    const ALL: [Dtype; 14] = [
+        Dtype::Bool,
+        Dtype::U8,
+        Dtype::U16,
+        Dtype::U32,
+        Dtype::U64,
+        Dtype::I8,
+        Dtype::I16,
+        Dtype::I32,
+        Dtype::I64,
+        Dtype::F16,
+        Dtype::F32,
+        Dtype::F64,
+        Dtype::BF16,
+        Dtype::C64,
+    ];
+
+    pub fn from_code(code: i32) -> Option<Dtype> {
+        usize::try_from(code).ok().and_then(|i| Self::ALL.get(i).copied())
+    }
+
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::Bool | Dtype::U8 | Dtype::I8 => 1,
+            Dtype::U16 | Dtype::I16 | Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::U32 | Dtype::I32 | Dtype::F32 => 4,
+            Dtype::U64 | Dtype::I64 | Dtype::F64 | Dtype::C64 => 8,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F16 | Dtype::F32 | Dtype::F64 | Dtype::BF16)
+    }
+
+    /// The name used by safetensors, numpy and Hugging Face configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bool => "bool",
+            Dtype::U8 => "uint8",
+            Dtype::U16 => "uint16",
+            Dtype::U32 => "uint32",
+            Dtype::U64 => "uint64",
+            Dtype::I8 => "int8",
+            Dtype::I16 => "int16",
+            Dtype::I32 => "int32",
+            Dtype::I64 => "int64",
+            Dtype::F16 => "float16",
+            Dtype::F32 => "float32",
+            Dtype::F64 => "float64",
+            Dtype::BF16 => "bfloat16",
+            Dtype::C64 => "complex64",
+        }
+    }
+
+    /// Parses `float16`/`f16`, `bfloat16`/`bf16`, `float32`/`f32` (as `--dtype` and configs spell them).
+    pub fn parse_float(s: &str) -> Option<Dtype> {
+        match s {
+            "float16" | "f16" | "half" => Some(Dtype::F16),
+            "bfloat16" | "bf16" => Some(Dtype::BF16),
+            "float32" | "f32" | "float" => Some(Dtype::F32),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Host element types that can move into and out of arrays.
+pub trait Element: Copy + Default + 'static {
+    const DTYPE: Dtype;
+    fn to_bytes(data: &[Self]) -> Vec<u8>;
+    fn from_bytes(bytes: &[u8]) -> Vec<Self>;
+}
+
+macro_rules! element {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: Dtype = $d;
+            fn to_bytes(data: &[Self]) -> Vec<u8> {
+                data.iter().flat_map(|v| v.to_ne_bytes()).collect()
+            }
+            fn from_bytes(bytes: &[u8]) -> Vec<Self> {
+                bytes
+                    .chunks_exact(std::mem::size_of::<$t>())
+                    .map(|c| <$t>::from_ne_bytes(c.try_into().expect("chunk of element size")))
+                    .collect()
+            }
+        }
+    };
+}
+element!(f32, Dtype::F32);
+element!(f64, Dtype::F64);
+element!(i32, Dtype::I32);
+element!(i64, Dtype::I64);
+element!(u32, Dtype::U32);
+element!(u8, Dtype::U8);
+element!(u16, Dtype::U16);
+
+/// A lazily evaluated MLX array. `Clone` shares the same graph node; `Send` but not `Sync`.
+#[derive(Clone)]
+pub struct Array(pub(crate) Handle);
+
+impl Array {
+    pub(crate) fn from_handle(h: Handle) -> Self {
+        Array(h)
+    }
+
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.0
+    }
+
+    /// Copies host data of the given shape into a new array.
+    #[track_caller]
+    pub fn from_slice<T: Element>(data: &[T], shape: &[i32]) -> Result<Array> {
+        let bytes = T::to_bytes(data);
+        ctx("array from host data", mlx_sys::from_data(&bytes, shape, T::DTYPE.code(), T::DTYPE.size()))
+            .map(Array)
+    }
+
+    /// Copies raw little-endian bytes of `dtype` elements (e.g. bf16 weights) into a new array.
+    #[track_caller]
+    pub fn from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
+        ctx("array from host bytes", mlx_sys::from_data(bytes, shape, dtype.code(), dtype.size())).map(Array)
+    }
+
+    /// A 0-d array holding `value` converted to `dtype` (how a Python scalar meets an array of that dtype).
+    #[track_caller]
+    pub fn scalar(value: f64, dtype: Dtype) -> Result<Array> {
+        ctx("scalar", mlx_sys::scalar(value, dtype.code())).map(Array)
+    }
+
+    pub fn shape(&self) -> Vec<i32> {
+        mlx_sys::shape(&self.0)
+    }
+
+    /// Size of axis `axis` (negative counts from the end); 0 if out of range.
+    pub fn dim(&self, axis: i32) -> i32 {
+        let s = self.shape();
+        let n = s.len() as i32;
+        let a = if axis < 0 { axis + n } else { axis };
+        if a < 0 || a >= n {
+            0
+        } else {
+            s[a as usize]
+        }
+    }
+
+    pub fn ndim(&self) -> usize {
+        self.shape().len()
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        Dtype::from_code(mlx_sys::dtype(&self.0)).unwrap_or(Dtype::F32)
+    }
+
+    pub fn size(&self) -> usize {
+        mlx_sys::size(&self.0)
+    }
+
+    pub fn nbytes(&self) -> usize {
+        mlx_sys::nbytes(&self.0)
+    }
+
+    /// Evaluates the array (and what it depends on).
+    #[track_caller]
+    pub fn eval(&self) -> Result<()> {
+        ctx("eval", mlx_sys::eval(&[&self.0]))
+    }
+
+    /// Evaluates, converts to `T` and copies the elements out in row-major order.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let mut buf = vec![0u8; self.size() * T::DTYPE.size()];
+        ctx("copy to host", mlx_sys::to_host(&self.0, T::DTYPE.code(), &mut buf))?;
+        Ok(T::from_bytes(&buf))
+    }
+
+    /// Evaluates and copies the raw bytes out in the array's own dtype.
+    #[track_caller]
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.nbytes()];
+        ctx("copy to host", mlx_sys::to_host(&self.0, self.dtype().code(), &mut buf))?;
+        Ok(buf)
+    }
+
+    /// The single element of a one-element array.
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        let v = self.to_vec::<T>()?;
+        match v.as_slice() {
+            [x] => Ok(*x),
+            _ => Err(Error::new("item", format!("array of shape {:?} has {} elements", self.shape(), v.len()))),
+        }
+    }
+}
+
+impl fmt::Debug for Array {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Array({:?}, {})", self.shape(), self.dtype())
+    }
+}
+
+/// Evaluates several arrays together.
+#[track_caller]
+pub fn eval(arrays: &[&Array]) -> Result<()> {
+    let h: Vec<&Handle> = arrays.iter().map(|a| &a.0).collect();
+    ctx("eval", mlx_sys::eval(&h))
+}
+
+/// Schedules evaluation without waiting for it.
+#[track_caller]
+pub fn async_eval(arrays: &[&Array]) -> Result<()> {
+    let h: Vec<&Handle> = arrays.iter().map(|a| &a.0).collect();
+    ctx("async_eval", mlx_sys::async_eval(&h))
+}

@@ -1,0 +1,15 @@
+//! Safe MLX for mlx-gen: an owned, cloneable, `Send` [`Array`], its dtypes, and the operations the
+//! engine needs, grouped by kind. Every failure is an [`Error`] carrying MLX's own message and the
+//! caller's source location. No `unsafe` here: it all lives in `mlx-sys`.
+#![forbid(unsafe_code)]
+
+mod array;
+mod error;
+pub mod fast;
+pub mod io;
+pub mod ops;
+pub mod random;
+pub mod runtime;
+
+pub use array::{async_eval, eval, Array, Dtype, Element};
+pub use error::{Error, Result};

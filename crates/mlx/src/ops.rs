@@ -1,0 +1,360 @@
+//! Array operations: arithmetic, comparison, shape, indexing, reductions and sorting.
+//!
+//! Scalars follow Python MLX's weak typing: `a.mul_scalar(0.5)` creates the scalar in `a`'s dtype,
+//! exactly as `a * 0.5` does in mlx-lm, so bf16 stays bf16.
+use crate::array::{Array, Dtype};
+use crate::error::{ctx, Error, Result};
+use mlx_sys as sys;
+
+macro_rules! unary {
+    ($($name:ident => $op:ident),* $(,)?) => {
+        impl Array {
+            $(
+                #[track_caller]
+                pub fn $name(&self) -> Result<Array> {
+                    ctx(stringify!($name), sys::unary(sys::$op, self.handle())).map(Array::from_handle)
+                }
+            )*
+        }
+    };
+}
+
+unary! {
+    exp => UNARY_EXP, log => UNARY_LOG, neg => UNARY_NEG, sigmoid => UNARY_SIGMOID,
+    sqrt => UNARY_SQRT, rsqrt => UNARY_RSQRT, abs => UNARY_ABS, logical_not => UNARY_NOT,
+    sin => UNARY_SIN, cos => UNARY_COS, tanh => UNARY_TANH, square => UNARY_SQUARE,
+    log1p => UNARY_LOG1P, floor => UNARY_FLOOR, erf => UNARY_ERF, stop_gradient => UNARY_STOP_GRADIENT,
+}
+
+macro_rules! binary {
+    ($($name:ident, $scalar:ident => $op:ident),* $(,)?) => {
+        impl Array {
+            $(
+                #[track_caller]
+                pub fn $name(&self, other: &Array) -> Result<Array> {
+                    ctx(stringify!($name), sys::binary(sys::$op, self.handle(), other.handle()))
+                        .map(Array::from_handle)
+                }
+
+                /// With a scalar in this array's dtype (Python's weak scalar typing).
+                #[track_caller]
+                pub fn $scalar(&self, value: f64) -> Result<Array> {
+                    let s = Array::scalar(value, self.dtype())?;
+                    self.$name(&s)
+                }
+            )*
+        }
+    };
+}
+
+binary! {
+    add, add_scalar => BINARY_ADD,
+    sub, sub_scalar => BINARY_SUB,
+    mul, mul_scalar => BINARY_MUL,
+    div, div_scalar => BINARY_DIV,
+    maximum, maximum_scalar => BINARY_MAX,
+    minimum, minimum_scalar => BINARY_MIN,
+    power, power_scalar => BINARY_POW,
+    eq, eq_scalar => BINARY_EQ,
+    ne, ne_scalar => BINARY_NE,
+    lt, lt_scalar => BINARY_LT,
+    le, le_scalar => BINARY_LE,
+    gt, gt_scalar => BINARY_GT,
+    ge, ge_scalar => BINARY_GE,
+    logical_and, logical_and_scalar => BINARY_AND,
+    logical_or, logical_or_scalar => BINARY_OR,
+    floor_divide, floor_divide_scalar => BINARY_FLOOR_DIV,
+    remainder, remainder_scalar => BINARY_REM,
+}
+
+fn axis_index(axis: i32, ndim: usize) -> Result<usize> {
+    let n = ndim as i32;
+    let a = if axis < 0 { axis + n } else { axis };
+    if a < 0 || a >= n {
+        Err(Error::new("axis", format!("axis {axis} is out of range for {ndim} dimensions")))
+    } else {
+        Ok(a as usize)
+    }
+}
+
+impl Array {
+    #[track_caller]
+    pub fn astype(&self, dtype: Dtype) -> Result<Array> {
+        if self.dtype() == dtype {
+            return Ok(self.clone());
+        }
+        ctx("astype", sys::astype(self.handle(), dtype.code())).map(Array::from_handle)
+    }
+
+    /// `x * sigmoid(x)`, as `mlx.nn.silu`.
+    #[track_caller]
+    pub fn silu(&self) -> Result<Array> {
+        self.mul(&self.sigmoid()?)
+    }
+
+    #[track_caller]
+    pub fn matmul(&self, other: &Array) -> Result<Array> {
+        ctx("matmul", sys::matmul(self.handle(), other.handle())).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
+        ctx("reshape", sys::reshape(self.handle(), shape)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn transpose(&self, axes: &[i32]) -> Result<Array> {
+        ctx("transpose", sys::transpose(self.handle(), axes)).map(Array::from_handle)
+    }
+
+    /// Reverses all axes (`.T` in Python).
+    #[track_caller]
+    pub fn t(&self) -> Result<Array> {
+        let axes: Vec<i32> = (0..self.ndim() as i32).rev().collect();
+        self.transpose(&axes)
+    }
+
+    #[track_caller]
+    pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
+        let n = self.ndim();
+        let (a, b) = (axis_index(a, n)?, axis_index(b, n)?);
+        let mut axes: Vec<i32> = (0..n as i32).collect();
+        axes.swap(a, b);
+        self.transpose(&axes)
+    }
+
+    #[track_caller]
+    pub fn expand_dims(&self, axes: &[i32]) -> Result<Array> {
+        ctx("expand_dims", sys::expand_dims(self.handle(), axes)).map(Array::from_handle)
+    }
+
+    /// Removes the given unit axes, or all unit axes when `axes` is empty.
+    #[track_caller]
+    pub fn squeeze(&self, axes: &[i32]) -> Result<Array> {
+        ctx("squeeze", sys::squeeze(self.handle(), axes)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn slice(&self, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
+        ctx("slice", sys::slice(self.handle(), start, stop, strides)).map(Array::from_handle)
+    }
+
+    /// `self[..., start:stop, ...]` along one axis (negative bounds count from the end).
+    #[track_caller]
+    pub fn slice_axis(&self, axis: i32, start: i32, stop: i32) -> Result<Array> {
+        let shape = self.shape();
+        let ax = axis_index(axis, shape.len())?;
+        let len = shape[ax];
+        let fix = |i: i32| if i < 0 { (i + len).max(0) } else { i.min(len) };
+        let mut lo = vec![0; shape.len()];
+        let mut hi = shape.clone();
+        lo[ax] = fix(start);
+        hi[ax] = fix(stop);
+        self.slice(&lo, &hi, &vec![1; shape.len()])
+    }
+
+    /// A copy of `self` with `update` written at `start..stop`.
+    #[track_caller]
+    pub fn slice_update(&self, update: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+        ctx("slice_update", sys::slice_update(self.handle(), update.handle(), start, stop)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
+        ctx("take", sys::take(self.handle(), indices.handle(), axis)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
+        ctx("take_along_axis", sys::take_along_axis(self.handle(), indices.handle(), axis)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        ctx("put_along_axis", sys::put_along_axis(self.handle(), indices.handle(), values.handle(), axis))
+            .map(Array::from_handle)
+    }
+
+    /// Forces a row-major copy.
+    #[track_caller]
+    pub fn contiguous(&self) -> Result<Array> {
+        ctx("contiguous", sys::contiguous(self.handle())).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    fn reduce(&self, what: &'static str, op: i32, axes: &[i32], keepdims: bool) -> Result<Array> {
+        ctx(what, sys::reduce(op, self.handle(), axes, keepdims)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn sum(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("sum", sys::REDUCE_SUM, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn max(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("max", sys::REDUCE_MAX, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn min(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("min", sys::REDUCE_MIN, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn mean(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("mean", sys::REDUCE_MEAN, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn logsumexp(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("logsumexp", sys::REDUCE_LOGSUMEXP, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn any(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("any", sys::REDUCE_ANY, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn all(&self, axes: &[i32], keepdims: bool) -> Result<Array> {
+        self.reduce("all", sys::REDUCE_ALL, axes, keepdims)
+    }
+
+    #[track_caller]
+    pub fn argmax(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        self.reduce("argmax", sys::REDUCE_ARGMAX, &[axis], keepdims)
+    }
+
+    #[track_caller]
+    pub fn argmin(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        self.reduce("argmin", sys::REDUCE_ARGMIN, &[axis], keepdims)
+    }
+
+    #[track_caller]
+    pub fn softmax(&self, axes: &[i32], precise: bool) -> Result<Array> {
+        ctx("softmax", sys::softmax(self.handle(), axes, precise)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn sort(&self, axis: i32) -> Result<Array> {
+        ctx("sort", sys::sort_op(sys::SORT_SORT, self.handle(), axis, 0)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn argsort(&self, axis: i32) -> Result<Array> {
+        ctx("argsort", sys::sort_op(sys::SORT_ARGSORT, self.handle(), axis, 0)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn partition(&self, kth: i32, axis: i32) -> Result<Array> {
+        ctx("partition", sys::sort_op(sys::SORT_PARTITION, self.handle(), axis, kth)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn argpartition(&self, kth: i32, axis: i32) -> Result<Array> {
+        ctx("argpartition", sys::sort_op(sys::SORT_ARGPARTITION, self.handle(), axis, kth)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn topk(&self, k: i32, axis: i32) -> Result<Array> {
+        ctx("topk", sys::sort_op(sys::SORT_TOPK, self.handle(), axis, k)).map(Array::from_handle)
+    }
+
+    #[track_caller]
+    pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
+        ctx("cumsum", sys::cumsum(self.handle(), axis, reverse, inclusive)).map(Array::from_handle)
+    }
+}
+
+/// `cond ? x : y`, elementwise with broadcasting.
+#[track_caller]
+pub fn where_(cond: &Array, x: &Array, y: &Array) -> Result<Array> {
+    ctx("where", sys::where_(cond.handle(), x.handle(), y.handle())).map(Array::from_handle)
+}
+
+/// `beta * c + alpha * (a @ b)`, as `mx.addmm` (what `nn.Linear` with a bias computes).
+#[track_caller]
+pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<Array> {
+    ctx("addmm", sys::addmm(c.handle(), a.handle(), b.handle(), alpha, beta)).map(Array::from_handle)
+}
+
+#[track_caller]
+pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
+    let h: Vec<_> = arrays.iter().map(|a| a.handle()).collect();
+    ctx("concatenate", sys::concatenate(&h, axis)).map(Array::from_handle)
+}
+
+#[track_caller]
+pub fn stack(arrays: &[&Array], axis: i32) -> Result<Array> {
+    let h: Vec<_> = arrays.iter().map(|a| a.handle()).collect();
+    ctx("stack", sys::stack(&h, axis)).map(Array::from_handle)
+}
+
+/// `[start, stop)` in steps of `step`.
+#[track_caller]
+pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<Array> {
+    ctx("arange", sys::arange(start, stop, step, dtype.code())).map(Array::from_handle)
+}
+
+/// An array of `shape` filled with `value` (converted to `dtype`).
+#[track_caller]
+pub fn full(shape: &[i32], value: f64, dtype: Dtype) -> Result<Array> {
+    let v = Array::scalar(value, dtype)?;
+    ctx("full", sys::full(shape, v.handle(), dtype.code())).map(Array::from_handle)
+}
+
+#[track_caller]
+pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
+    full(shape, 0.0, dtype)
+}
+
+/// Affine quantization parameters of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantSpec {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// `x @ dequantize(w).T` (or without the transpose) in one kernel, as `mx.quantized_matmul`.
+#[track_caller]
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    transpose: bool,
+    q: QuantSpec,
+) -> Result<Array> {
+    ctx(
+        "quantized_matmul",
+        sys::quantized_matmul(
+            x.handle(),
+            w.handle(),
+            scales.handle(),
+            biases.map(Array::handle),
+            transpose,
+            q.group_size,
+            q.bits,
+            "affine",
+        ),
+    )
+    .map(Array::from_handle)
+}
+
+/// Affine quantization along the last axis: (packed uint32 weight, scales, biases).
+#[track_caller]
+pub fn quantize(w: &Array, q: QuantSpec) -> Result<(Array, Array, Array)> {
+    let (w, s, b) = ctx("quantize", sys::quantize(w.handle(), q.group_size, q.bits, "affine"))?;
+    let b = b.ok_or_else(|| Error::new("quantize", "affine quantization returned no biases"))?;
+    Ok((Array::from_handle(w), Array::from_handle(s), Array::from_handle(b)))
+}
+
+#[track_caller]
+pub fn dequantize(w: &Array, scales: &Array, biases: Option<&Array>, q: QuantSpec) -> Result<Array> {
+    ctx(
+        "dequantize",
+        sys::dequantize(w.handle(), scales.handle(), biases.map(Array::handle), q.group_size, q.bits, "affine", -1),
+    )
+    .map(Array::from_handle)
+}

@@ -1,0 +1,75 @@
+//! The MLX runtime: version, devices and the memory allocator's counters.
+use crate::error::{ctx, Error, Result};
+
+/// MLX's version, e.g. `0.32.4`.
+pub fn mlx_version() -> String {
+    mlx_sys::version()
+}
+
+/// The MLX package this binary was built against: `cpu`, `cuda` or `metal`.
+pub fn build_backend() -> &'static str {
+    mlx_sys::BUILD_BACKEND
+}
+
+/// Where the linked `libmlx` was found at build time.
+pub fn build_lib_dir() -> &'static str {
+    mlx_sys::BUILD_LIB_DIR
+}
+
+/// Whether MLX has a GPU (Metal or CUDA) device here.
+pub fn gpu_available() -> bool {
+    mlx_sys::gpu_available()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+/// Makes `device` the default for every following operation.
+#[track_caller]
+pub fn set_default_device(device: Device) -> Result<()> {
+    if device == Device::Gpu && !gpu_available() {
+        return Err(Error::new(
+            "set device",
+            format!("no GPU is available to MLX here (this build uses the {} backend)", build_backend()),
+        ));
+    }
+    ctx("set device", mlx_sys::set_default_device(device == Device::Gpu))
+}
+
+/// The name of the current default device as MLX reports it.
+#[track_caller]
+pub fn device_name() -> Result<String> {
+    ctx("device name", mlx_sys::device_name())
+}
+
+pub fn active_memory() -> usize {
+    mlx_sys::active_memory()
+}
+
+pub fn peak_memory() -> usize {
+    mlx_sys::peak_memory()
+}
+
+pub fn cache_memory() -> usize {
+    mlx_sys::cache_memory()
+}
+
+pub fn reset_peak_memory() {
+    mlx_sys::reset_peak_memory()
+}
+
+/// Releases MLX's cached buffers (`mx.clear_cache`).
+pub fn clear_cache() {
+    mlx_sys::clear_cache()
+}
+
+pub fn set_cache_limit(bytes: usize) -> usize {
+    mlx_sys::set_cache_limit(bytes)
+}
+
+pub fn set_memory_limit(bytes: usize) -> usize {
+    mlx_sys::set_memory_limit(bytes)
+}

@@ -1,0 +1,60 @@
+//! Checks of the safe API against values worked out by hand.
+use mlx::{fast, ops, Array, Dtype};
+
+#[test]
+fn arithmetic_and_reductions() {
+    let a = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+    let b = a.add(&a).unwrap().mul_scalar(0.5).unwrap();
+    assert_eq!(b.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(a.sum(&[1], false).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 7.0]);
+    assert_eq!(a.argmax(1, false).unwrap().to_vec::<u32>().unwrap(), vec![1, 1]);
+    assert_eq!(a.matmul(&a).unwrap().to_vec::<f32>().unwrap(), vec![7.0, 10.0, 15.0, 22.0]);
+    assert_eq!(a.t().unwrap().to_vec::<f32>().unwrap(), vec![1.0, 3.0, 2.0, 4.0]);
+}
+
+#[test]
+fn weak_scalars_keep_the_dtype() {
+    let a = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap().astype(Dtype::BF16).unwrap();
+    assert_eq!(a.mul_scalar(0.125).unwrap().dtype(), Dtype::BF16);
+}
+
+#[test]
+fn slicing_and_updates() {
+    let a = ops::arange(0.0, 12.0, 1.0, Dtype::F32).unwrap().reshape(&[3, 4]).unwrap();
+    let s = a.slice_axis(1, 1, 3).unwrap();
+    assert_eq!(s.shape(), vec![3, 2]);
+    assert_eq!(s.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 5.0, 6.0, 9.0, 10.0]);
+    let z = ops::zeros(&[3, 4], Dtype::F32).unwrap();
+    let u = z.slice_update(&s, &[0, 0], &[3, 2]).unwrap();
+    assert_eq!(u.to_vec::<f32>().unwrap()[..3], [1.0, 2.0, 0.0]);
+}
+
+#[test]
+fn errors_carry_the_mlx_message() {
+    let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+    let b = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    let e = a.matmul(&b).unwrap_err();
+    assert_eq!(e.what, "matmul");
+    assert!(!e.message.is_empty());
+    assert!(e.location.file().ends_with("tests/ops.rs"), "{}", e.location);
+    assert!(Array::from_slice(&[1.0f32], &[2]).is_err());
+}
+
+#[test]
+fn rms_norm_matches_the_formula() {
+    let x = Array::from_slice(&[3.0f32, 4.0], &[1, 2]).unwrap();
+    let y = fast::rms_norm(&x, None, 0.0).unwrap().to_vec::<f32>().unwrap();
+    let rms = (12.5f32).sqrt();
+    assert!((y[0] - 3.0 / rms).abs() < 1e-6 && (y[1] - 4.0 / rms).abs() < 1e-6);
+}
+
+#[test]
+fn quantize_round_trip() {
+    let w = ops::arange(0.0, 128.0, 1.0, Dtype::F32).unwrap().reshape(&[2, 64]).unwrap();
+    let q = ops::QuantSpec { group_size: 64, bits: 8 };
+    let (qw, s, b) = ops::quantize(&w, q).unwrap();
+    assert_eq!(qw.dtype(), Dtype::U32);
+    assert_eq!(qw.shape(), vec![2, 16]);
+    let back = ops::dequantize(&qw, &s, Some(&b), q).unwrap().to_vec::<f32>().unwrap();
+    assert!(back.iter().enumerate().all(|(i, v)| (v - i as f32).abs() < 0.5));
+}

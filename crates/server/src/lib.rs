@@ -1,0 +1,2 @@
+//! mlx-gen server (see the server issue).
+#![forbid(unsafe_code)]
