@@ -3,4 +3,18 @@
 //! Everything runs on one thread that owns the MLX arrays.
 #![forbid(unsafe_code)]
 
+pub mod cache;
+mod error;
+pub mod generate;
+pub mod gguf;
+mod load;
+pub mod models;
+pub mod nn;
+pub mod sample;
 pub mod tokenizer;
+pub mod weights;
+
+pub use error::{EngineError, Result};
+pub use generate::{GenerateConfig, Generated, Generator};
+pub use load::LoadedModel;
+pub use sample::SamplerConfig;

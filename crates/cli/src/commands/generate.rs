@@ -1,0 +1,186 @@
+//! `mlx-gen generate`: one prompt in, text out, as `mlx_lm.generate` does it (chat template,
+//! streaming, statistics), plus `--output json` for programs.
+use anyhow::{bail, Context, Result};
+use engine::tokenizer::ChatMessage;
+use engine::{GenerateConfig, Generator, LoadedModel, SamplerConfig};
+use serde::Serialize;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt; `-` reads it from standard input.
+    #[arg(short, long, default_value = "hello")]
+    prompt: String,
+    /// Maximum number of tokens to generate.
+    #[arg(short = 'm', long, default_value_t = 100)]
+    max_tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temp: f64,
+    /// Nucleus sampling: keep the smallest set of tokens with this probability mass (1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    top_p: f64,
+    /// Keep tokens at least this fraction as likely as the most likely one (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    min_p: f64,
+    /// Tokens that min-p never removes.
+    #[arg(long, default_value_t = 1)]
+    min_tokens_to_keep: i32,
+    /// Sample only from the k most likely tokens (0: off).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    top_k: i32,
+    /// Seed of MLX's random generator.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A system message placed before the prompt in the chat template.
+    #[arg(long)]
+    system_prompt: Option<String>,
+    /// Use the prompt as raw text, without the chat template.
+    #[arg(long)]
+    ignore_chat_template: bool,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 2048)]
+    prefill_step_size: usize,
+    /// Print separators and statistics (prompt and generation tok/s, peak memory) like mlx-lm.
+    #[arg(long)]
+    verbose: bool,
+    /// `text` streams the answer; `json` prints one JSON object at the end.
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Serialize)]
+struct JsonResult {
+    text: String,
+    tokens: Vec<u32>,
+    prompt_tokens: usize,
+    generation_tokens: usize,
+    prompt_tps: f64,
+    generation_tps: f64,
+    peak_memory_gb: f64,
+    finish_reason: &'static str,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let sampler = SamplerConfig {
+        temp: args.temp,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        min_tokens_to_keep: args.min_tokens_to_keep,
+        top_k: args.top_k,
+    };
+    sampler.validate()?;
+    let raw = if args.prompt == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("cannot read the prompt from standard input")?;
+        s
+    } else {
+        args.prompt.replace("\\n", "\n").replace("\\t", "\t")
+    };
+    if raw.is_empty() {
+        bail!("the prompt is empty: give some text with --prompt (or on standard input with --prompt -)");
+    }
+
+    let loaded = LoadedModel::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
+    if let Some(seed) = args.seed {
+        mlx::random::seed(seed)?;
+    }
+    let tok = &loaded.tokenizer;
+    let use_chat_template = !args.ignore_chat_template && tok.has_chat_template();
+    let prompt_ids = if use_chat_template {
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system_prompt {
+            messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+        }
+        messages.push(ChatMessage { role: "user".into(), content: raw });
+        let text = tok.apply_chat_template(&messages, true)?;
+        tok.encode(&text, false)?
+    } else {
+        tok.encode(&raw, true)?
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
+
+    let config = GenerateConfig {
+        max_tokens: Some(args.max_tokens),
+        prefill_step_size: args.prefill_step_size,
+        sampler,
+    };
+    let json = args.output == Output::Json;
+    let mut out = std::io::stdout().lock();
+    if args.verbose && !json {
+        writeln!(out, "==========")?;
+    }
+    mlx::runtime::reset_peak_memory();
+    let mut detok = tok.detokenizer();
+    let mut tokens = Vec::new();
+    let mut finish_reason = "length";
+    let tic = Instant::now();
+    let mut prompt_time = 0.0;
+    let mut gen_start = tic;
+    let cache = loaded.model.make_cache();
+    let mut generator = Generator::new(loaded.model.as_ref(), &prompt_ids, cache, config)?;
+    while let Some(step) = generator.next() {
+        let step = step?;
+        if tokens.is_empty() {
+            prompt_time = tic.elapsed().as_secs_f64();
+            gen_start = Instant::now();
+        }
+        if loaded.is_eos(step.token) {
+            finish_reason = "stop";
+            break;
+        }
+        tokens.push(step.token);
+        detok.add_token(step.token);
+        if !json {
+            write!(out, "{}", detok.last_segment())?;
+            out.flush()?;
+        }
+    }
+    detok.finalize();
+    let gen_time = gen_start.elapsed().as_secs_f64();
+    if prompt_time == 0.0 {
+        prompt_time = tic.elapsed().as_secs_f64();
+    }
+    let prompt_tps = prompt_ids.len() as f64 / prompt_time.max(1e-9);
+    // mlx-lm counts the token that ended generation too, and times from the first token.
+    let counted = tokens.len() + usize::from(finish_reason == "stop");
+    let generation_tps = if counted > 0 { counted as f64 / gen_time.max(1e-9) } else { 0.0 };
+    let peak_memory_gb = mlx::runtime::peak_memory() as f64 / 1e9;
+    if json {
+        let result = JsonResult {
+            text: detok.text().to_owned(),
+            generation_tokens: tokens.len(),
+            tokens,
+            prompt_tokens: prompt_ids.len(),
+            prompt_tps,
+            generation_tps,
+            peak_memory_gb,
+            finish_reason,
+        };
+        serde_json::to_writer(&mut out, &result)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    write!(out, "{}", detok.last_segment())?;
+    writeln!(out)?;
+    if args.verbose {
+        writeln!(out, "==========")?;
+        writeln!(out, "Prompt: {} tokens, {prompt_tps:.3} tokens-per-sec", prompt_ids.len())?;
+        writeln!(out, "Generation: {counted} tokens, {generation_tps:.3} tokens-per-sec")?;
+        writeln!(out, "Peak memory: {peak_memory_gb:.3} GB")?;
+    }
+    Ok(())
+}

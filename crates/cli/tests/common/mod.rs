@@ -1,0 +1,150 @@
+//! Shared helpers of the integration tests: the oracle venv (Python mlx-lm), the matrix of tiny
+//! test models built by `tests/oracle/make_models.py`, and running our `mlx-gen` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+}
+
+pub fn oracle_dir() -> PathBuf {
+    repo_root().join("tests/oracle")
+}
+
+/// The oracle venv's python (creates the venv once via scripts/oracle-venv.sh). Panics with a
+/// clear message when the venv cannot be made: the oracle tests never skip silently.
+pub fn venv_python() -> &'static Path {
+    static PY: OnceLock<PathBuf> = OnceLock::new();
+    PY.get_or_init(|| {
+        let script = repo_root().join("scripts/oracle-venv.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        if !out.status.success() {
+            panic!(
+                "the oracle venv (Python mlx-lm, the reference these tests compare against) could not be \
+                 made by {} ({}):\n{}",
+                script.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let py = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
+        assert!(py.is_file(), "oracle-venv.sh printed {stdout:?}, not a python path");
+        py
+    })
+}
+
+/// FNV-1a, 64 bits: a stable content hash for the cache folder's name.
+fn fnv1a(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+/// The folder holding the whole model matrix (one subfolder per variant, plus `variants.json`).
+/// Built once per content of the Python scripts that make it, under the cargo target dir; a file
+/// lock makes parallel test threads and processes build it only once.
+pub fn models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let py = venv_python();
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for f in ["make_models.py", "reference.py", "make_tokenizer.py"] {
+            let p = oracle_dir().join(f);
+            fnv1a(&mut h, f.as_bytes());
+            if let Ok(bytes) = std::fs::read(&p) {
+                fnv1a(&mut h, &bytes);
+            }
+        }
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
+        let dir = base.join(format!("oracle-models-{h:016x}"));
+        let marker = dir.join(".complete");
+        if marker.exists() {
+            return dir;
+        }
+        let lock_path = base.join(format!("oracle-models-{h:016x}.lock"));
+        let lock = std::fs::File::create(&lock_path).expect("create lock file");
+        lock.lock().expect("lock the model matrix");
+        if !marker.exists() {
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).expect("remove a partial model matrix");
+            }
+            let t = std::time::Instant::now();
+            let out = Command::new(py)
+                .arg(oracle_dir().join("make_models.py"))
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run make_models.py");
+            if !out.status.success() {
+                panic!(
+                    "make_models.py failed ({}):\n{}\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            eprintln!("built the oracle model matrix in {:.1}s: {}", t.elapsed().as_secs_f64(), dir.display());
+            std::fs::write(&marker, b"").expect("write marker");
+        }
+        drop(lock);
+        dir
+    })
+}
+
+/// The names of all the variants in the matrix (from variants.json).
+pub fn variants() -> serde_json::Map<String, serde_json::Value> {
+    let p = models_dir().join("variants.json");
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    match serde_json::from_str(&text).expect("variants.json") {
+        serde_json::Value::Object(m) => m,
+        v => panic!("variants.json is not an object: {v}"),
+    }
+}
+
+/// The folder of one variant; panics if the matrix has no such variant.
+pub fn model(name: &str) -> PathBuf {
+    let d = models_dir().join(name);
+    assert!(d.join("config.json").is_file(), "variant {name} missing from the model matrix at {}", d.display());
+    d
+}
+
+/// Runs our binary with `args`, stdin from `stdin` (empty if None).
+pub fn mlx_gen(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn mlx-gen");
+    {
+        let mut sin = child.stdin.take().unwrap();
+        if let Some(bytes) = stdin {
+            let _ = sin.write_all(bytes);
+        }
+    }
+    child.wait_with_output().expect("wait for mlx-gen")
+}
+
+/// Copies a directory (flat: model folders have no subfolders).
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The default cache, mlx-lm's `KVCache`: buffers grown in steps of 256 positions, written in place
+//! with slice updates, read back as the filled prefix.
+use super::KvCache;
+use crate::error::Result;
+use mlx::{ops, Array};
+
+const STEP: i32 = 256;
+
+#[derive(Default)]
+pub struct GrowingCache {
+    keys: Option<Array>,   // (B, kv_heads, capacity, k_dim)
+    values: Option<Array>, // (B, kv_heads, capacity, v_dim)
+    offset: i32,
+}
+
+impl GrowingCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl KvCache for GrowingCache {
+    fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let prev = self.offset;
+        let new_len = keys.dim(2);
+        let (k, v) = match (self.keys.take(), self.values.take()) {
+            (Some(k), Some(v)) if prev + new_len <= k.dim(2) => (k, v),
+            (old_k, old_v) => {
+                // Grow by whole steps; a partly filled old buffer is first cut to its filled part.
+                let (b, heads, k_dim, v_dim) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
+                let n_steps = (STEP + new_len - 1) / STEP;
+                let new_k = ops::zeros(&[b, heads, n_steps * STEP, k_dim], keys.dtype())?;
+                let new_v = ops::zeros(&[b, heads, n_steps * STEP, v_dim], values.dtype())?;
+                match (old_k, old_v) {
+                    (Some(mut k), Some(mut v)) => {
+                        if prev % STEP != 0 {
+                            k = k.slice_axis(2, 0, prev)?;
+                            v = v.slice_axis(2, 0, prev)?;
+                        }
+                        (ops::concatenate(&[&k, &new_k], 2)?, ops::concatenate(&[&v, &new_v], 2)?)
+                    }
+                    _ => (new_k, new_v),
+                }
+            }
+        };
+        self.offset += new_len;
+        let start = [0, 0, prev, 0];
+        let k = k.slice_update(keys, &start, &[k.dim(0), k.dim(1), self.offset, k.dim(3)])?;
+        let v = v.slice_update(values, &start, &[v.dim(0), v.dim(1), self.offset, v.dim(3)])?;
+        let out = if self.offset < k.dim(2) {
+            (k.slice_axis(2, 0, self.offset)?, v.slice_axis(2, 0, self.offset)?)
+        } else {
+            (k.clone(), v.clone())
+        };
+        self.keys = Some(k);
+        self.values = Some(v);
+        Ok(out)
+    }
+
+    fn trim(&mut self, n: i32) -> i32 {
+        let n = n.min(self.offset).max(0);
+        self.offset -= n;
+        n
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.keys.iter().chain(self.values.iter()).cloned().collect()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.state().iter().map(Array::nbytes).sum()
+    }
+}

@@ -1,0 +1,130 @@
+//! The token generator, mlx-lm's `generate_step`: the prompt is prefilled in chunks up to its last
+//! token, then each step queues the next forward pass (async eval) before the current token is
+//! handed out, so the host never waits on the device between tokens.
+use crate::cache::KvCache;
+use crate::error::{EngineError, Result};
+use crate::models::Model;
+use crate::sample::SamplerConfig;
+use mlx::{async_eval, Array};
+
+#[derive(Clone, Debug)]
+pub struct GenerateConfig {
+    /// Tokens to generate at most; `None` for no limit.
+    pub max_tokens: Option<usize>,
+    /// Prompt tokens per prefill forward pass.
+    pub prefill_step_size: usize,
+    pub sampler: SamplerConfig,
+}
+
+impl Default for GenerateConfig {
+    fn default() -> Self {
+        GenerateConfig { max_tokens: Some(256), prefill_step_size: 2048, sampler: SamplerConfig::default() }
+    }
+}
+
+/// One generated token with the log-probabilities it was drawn from.
+pub struct Generated {
+    pub token: u32,
+    /// (vocab,)
+    pub logprobs: Array,
+}
+
+/// Yields generated tokens; the caller stops it at EOS (or simply drops it).
+pub struct Generator<'m> {
+    model: &'m dyn Model,
+    cache: Vec<Box<dyn KvCache>>,
+    config: GenerateConfig,
+    /// The token being handed out next and its log-probabilities, already queued.
+    pending: Option<(Array, Array)>,
+    n: usize,
+}
+
+impl<'m> Generator<'m> {
+    /// Prefills `prompt` into `cache` (fresh from `model.make_cache()` or continued) and queues the
+    /// first token.
+    pub fn new(
+        model: &'m dyn Model,
+        prompt: &[u32],
+        cache: Vec<Box<dyn KvCache>>,
+        config: GenerateConfig,
+    ) -> Result<Generator<'m>> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
+        }
+        config.sampler.validate()?;
+        if config.prefill_step_size == 0 {
+            return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
+        }
+        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let mut g = Generator { model, cache, config, pending: None, n: 0 };
+        let mut rest: &[i32] = &ids;
+        while rest.len() > 1 {
+            let n = g.config.prefill_step_size.min(rest.len() - 1);
+            let chunk = Array::from_slice(&rest[..n], &[1, n as i32])?; // (1, n)
+            g.model.forward(&chunk, &mut g.cache)?;
+            let state: Vec<Array> = g.cache.iter().flat_map(|c| c.state()).collect();
+            mlx::eval(&state.iter().collect::<Vec<_>>())?;
+            rest = &rest[n..];
+            mlx::runtime::clear_cache();
+        }
+        let last = Array::from_slice(rest, &[rest.len() as i32])?;
+        let (y, logprobs) = g.step(&last)?;
+        async_eval(&[&y, &logprobs])?;
+        g.pending = Some((y, logprobs));
+        Ok(g)
+    }
+
+    /// One forward pass over `input` (L,): the sampled next token (1,) and its log-probabilities (vocab,).
+    fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
+        let len = input.dim(0);
+        let logits = self.model.forward(&input.reshape(&[1, len])?, &mut self.cache)?; // (1, L, vocab)
+        let logits = logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?; // (1, vocab)
+        let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
+        let sampled = self.config.sampler.sample(&logprobs)?; // (1,)
+        Ok((sampled, logprobs.squeeze(&[0])?))
+    }
+
+    /// The caches, for reuse by a following turn.
+    pub fn into_cache(self) -> Vec<Box<dyn KvCache>> {
+        self.cache
+    }
+
+    /// Tokens handed out so far.
+    pub fn count(&self) -> usize {
+        self.n
+    }
+
+    fn advance(&mut self) -> Result<Option<Generated>> {
+        if self.config.max_tokens == Some(self.n) {
+            return Ok(None);
+        }
+        let Some((y, logprobs)) = self.pending.take() else { return Ok(None) };
+        // Queue the next step before waiting on this one (skipped when this is the last token).
+        if self.config.max_tokens != Some(self.n + 1) {
+            let next = self.step(&y)?;
+            async_eval(&[&next.0, &next.1])?;
+            self.pending = Some(next);
+        }
+        let token = y.item::<u32>()?;
+        if self.n.is_multiple_of(256) {
+            mlx::runtime::clear_cache();
+        }
+        self.n += 1;
+        Ok(Some(Generated { token, logprobs }))
+    }
+}
+
+impl Iterator for Generator<'_> {
+    type Item = Result<Generated>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.advance() {
+            Ok(Some(g)) => Some(Ok(g)),
+            Ok(None) => None,
+            Err(e) => {
+                self.pending = None;
+                Some(Err(e))
+            }
+        }
+    }
+}

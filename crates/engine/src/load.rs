@@ -1,0 +1,84 @@
+//! Loading a model folder: config.json, weights, tokenizer and the EOS ids mlx-lm would use.
+use crate::error::{EngineError, Result};
+use crate::models::{self, Model};
+use crate::tokenizer::Tokenizer;
+use crate::weights::Weights;
+use mlx::Array;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+pub struct LoadedModel {
+    pub model: Box<dyn Model>,
+    pub tokenizer: Tokenizer,
+    /// config's (or generation_config.json's) `eos_token_id`s plus the tokenizer's EOS token.
+    pub eos_token_ids: Vec<u32>,
+    pub config: serde_json::Value,
+    pub path: PathBuf,
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = fs::read_to_string(path).map_err(|e| EngineError::file(path, e))?;
+    serde_json::from_str(&text).map_err(|e| EngineError::file(path, format!("not valid JSON: {e}")))
+}
+
+/// `eos_token_id` as an int or a list of ints.
+fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl LoadedModel {
+    pub fn load(dir: &Path) -> Result<LoadedModel> {
+        if !dir.is_dir() {
+            return Err(EngineError::NoModelDir(dir.to_owned()));
+        }
+        let config_path = dir.join("config.json");
+        if !config_path.is_file() {
+            return Err(EngineError::file(&config_path, "missing: a model folder needs config.json"));
+        }
+        let mut config = read_json(&config_path)?;
+        if !config.is_object() {
+            return Err(EngineError::file(&config_path, "not a JSON object"));
+        }
+        // As mlx-lm: generation_config.json's eos_token_id replaces config.json's.
+        let gen_path = dir.join("generation_config.json");
+        if gen_path.is_file() {
+            if let Ok(gen) = read_json(&gen_path) {
+                if let Some(eos) = gen.get("eos_token_id").filter(|v| !v.is_null() && v.as_bool() != Some(false)) {
+                    config["eos_token_id"] = eos.clone();
+                }
+            }
+        }
+        // The tokenizer first: it is cheap and its errors are common.
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let weights = Weights::load_dir(dir)?;
+        let model = models::build(&config, weights)?;
+        let mut eos_token_ids = ids_of(config.get("eos_token_id"));
+        for id in tokenizer.eos_token_ids() {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+        Ok(LoadedModel { model, tokenizer, eos_token_ids, config, path: dir.to_owned() })
+    }
+
+    /// The last position's logits of one forward pass over `ids` with a fresh cache, as float32.
+    pub fn prompt_logits(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(EngineError::Invalid("no tokens".into()));
+        }
+        let tokens: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let x = Array::from_slice(&tokens, &[1, tokens.len() as i32])?;
+        let mut cache = self.model.make_cache();
+        let logits = self.model.forward(&x, &mut cache)?; // (1, L, vocab)
+        let last = logits.slice_axis(1, -1, i32::MAX)?;
+        Ok(last.to_vec::<f32>()?)
+    }
+
+    pub fn is_eos(&self, token: u32) -> bool {
+        self.eos_token_ids.contains(&token)
+    }
+}

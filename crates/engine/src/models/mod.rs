@@ -1,0 +1,47 @@
+//! The model trait and the registry from config.json's `model_type` to an architecture file.
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+mod transformer;
+
+use crate::cache::KvCache;
+use crate::error::{EngineError, Result};
+use crate::nn::QuantConfig;
+use crate::weights::Weights;
+use mlx::Array;
+
+/// A loaded language model.
+pub trait Model: Send {
+    fn model_type(&self) -> &str;
+    fn vocab_size(&self) -> i32;
+    /// One fresh cache per layer.
+    fn make_cache(&self) -> Vec<Box<dyn KvCache>>;
+    /// tokens (B, L) -> logits (B, L, vocab), appending to `cache`.
+    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array>;
+}
+
+type Loader = fn(&serde_json::Value, &mut Weights, &QuantConfig) -> Result<Box<dyn Model>>;
+
+/// `model_type` -> loader; aliases as in mlx-lm (`mistral` is llama).
+const REGISTRY: &[(&str, Loader)] =
+    &[("llama", llama::load), ("mistral", llama::load), ("qwen2", qwen2::load), ("qwen3", qwen3::load)];
+
+pub fn supported_model_types() -> Vec<&'static str> {
+    REGISTRY.iter().map(|(name, _)| *name).collect()
+}
+
+/// Builds the architecture named by `config["model_type"]` from the checkpoint, strictly: every
+/// expected tensor must be present with its shape, and every tensor present must be used.
+pub fn build(config: &serde_json::Value, mut weights: Weights) -> Result<Box<dyn Model>> {
+    let model_type = config
+        .get("model_type")
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| EngineError::Config("no model_type".into()))?;
+    let (_, loader) = REGISTRY.iter().find(|(name, _)| *name == model_type).ok_or_else(|| {
+        EngineError::UnsupportedModel { found: model_type.to_owned(), supported: supported_model_types().join(", ") }
+    })?;
+    let q = QuantConfig::from_config(config)?;
+    let model = loader(config, &mut weights, &q)?;
+    weights.finish()?;
+    Ok(model)
+}

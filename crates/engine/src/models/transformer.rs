@@ -1,0 +1,130 @@
+//! The dense decoder-only transformer that Llama, Mistral, Qwen2 and Qwen3 share: embedding,
+//! pre-norm blocks (attention + SwiGLU MLP, residuals), final norm and a tied or separate head.
+//! Each architecture file only reads its config into a [`DecoderSpec`].
+use super::Model;
+use crate::cache::{GrowingCache, KvCache};
+use crate::error::{EngineError, Result};
+use crate::nn::{Attention, AttentionSpec, Embedding, Linear, QuantConfig, RmsNorm, Rope};
+use crate::weights::Weights;
+use mlx::fast::Mask;
+use mlx::Array;
+
+/// Everything that distinguishes one dense architecture from another.
+#[derive(Clone, Debug)]
+pub struct DecoderSpec {
+    pub model_type: String,
+    pub vocab_size: i32,
+    pub num_layers: i32,
+    pub intermediate_size: i32,
+    pub rms_norm_eps: f64,
+    pub mlp_bias: bool,
+    pub tie_word_embeddings: bool,
+    pub attention: AttentionSpec,
+}
+
+#[derive(Clone)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    /// down(silu(gate(x)) * up(x))
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = self.gate_proj.forward(x)?;
+        let h = gate.silu()?.mul(&self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&h)
+    }
+}
+
+#[derive(Clone)]
+struct Block {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+pub struct Decoder {
+    spec: DecoderSpec,
+    embed_tokens: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl Decoder {
+    /// Loads the weights named as in Hugging Face / mlx-lm checkpoints (`model.layers.N...`).
+    pub fn load(spec: DecoderSpec, rope: Rope, weights: &Weights, q: &QuantConfig) -> Result<Decoder> {
+        let a = &spec.attention;
+        if a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.head_dim <= 0 {
+            return Err(EngineError::Config(format!(
+                "{} attention heads, {} key/value heads and head_dim {} do not fit together",
+                a.n_heads, a.n_kv_heads, a.head_dim
+            )));
+        }
+        let vb = weights.view("model");
+        let (d, ff) = (a.hidden, spec.intermediate_size);
+        let mut layers = Vec::with_capacity(spec.num_layers as usize);
+        for i in 0..spec.num_layers {
+            let l = vb.pp("layers").pp(i);
+            let m = l.pp("mlp");
+            layers.push(Block {
+                self_attn: Attention::load(&l.pp("self_attn"), a, rope.clone(), q)?,
+                mlp: Mlp {
+                    gate_proj: Linear::load(&m.pp("gate_proj"), d, ff, spec.mlp_bias, q)?,
+                    up_proj: Linear::load(&m.pp("up_proj"), d, ff, spec.mlp_bias, q)?,
+                    down_proj: Linear::load(&m.pp("down_proj"), ff, d, spec.mlp_bias, q)?,
+                },
+                input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), d, spec.rms_norm_eps)?,
+                post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), d, spec.rms_norm_eps)?,
+            });
+        }
+        let embed_tokens = Embedding::load(&vb.pp("embed_tokens"), spec.vocab_size, d, q)?;
+        let norm = RmsNorm::load(&vb.pp("norm"), d, spec.rms_norm_eps)?;
+        let lm_head = if spec.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(&weights.view("lm_head"), d, spec.vocab_size, false, q)?)
+        };
+        Ok(Decoder { spec, embed_tokens, layers, norm, lm_head })
+    }
+}
+
+impl Model for Decoder {
+    fn model_type(&self) -> &str {
+        &self.spec.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.spec.vocab_size
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
+        self.layers.iter().map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        if cache.len() != self.layers.len() {
+            return Err(EngineError::Invalid(format!(
+                "{} caches for {} layers",
+                cache.len(),
+                self.layers.len()
+            )));
+        }
+        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
+        let mask = if tokens.dim(1) > 1 { Mask::Causal } else { Mask::None };
+        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.clone(), c.as_mut())?;
+            let h1 = h.add(&r)?;
+            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
+            h = h1.add(&r)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        } // (B, L, vocab)
+    }
+}

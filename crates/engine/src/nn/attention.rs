@@ -1,0 +1,82 @@
+//! Multi-head attention with grouped-query heads, RoPE and a KV cache, as mlx-lm's Llama/Qwen
+//! `Attention` modules compute it; optional q/k RMS norms (Qwen3) and projection biases (Qwen2).
+use super::{Linear, QuantConfig, RmsNorm, Rope};
+use crate::cache::KvCache;
+use crate::error::Result;
+use crate::weights::Vb;
+use mlx::fast::{self, Mask};
+use mlx::Array;
+
+/// The shape of one attention block, as read from a config.
+#[derive(Clone, Debug)]
+pub struct AttentionSpec {
+    pub hidden: i32,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    /// Bias on the q/k/v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// RMS norms over each head's queries and keys (eps), applied before RoPE.
+    pub qk_norm_eps: Option<f64>,
+}
+
+#[derive(Clone)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: i32,
+    n_kv_heads: i32,
+    scale: f32,
+    rope: Rope,
+}
+
+impl Attention {
+    pub fn load(vb: &Vb<'_>, spec: &AttentionSpec, rope: Rope, q: &QuantConfig) -> Result<Attention> {
+        let (d, h, kvh, hd) = (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim);
+        let norm = |name: &str| spec.qk_norm_eps.map(|eps| RmsNorm::load(&vb.pp(name), hd, eps)).transpose();
+        Ok(Attention {
+            q_proj: Linear::load(&vb.pp("q_proj"), d, h * hd, spec.qkv_bias, q)?,
+            k_proj: Linear::load(&vb.pp("k_proj"), d, kvh * hd, spec.qkv_bias, q)?,
+            v_proj: Linear::load(&vb.pp("v_proj"), d, kvh * hd, spec.qkv_bias, q)?,
+            o_proj: Linear::load(&vb.pp("o_proj"), h * hd, d, spec.o_bias, q)?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            n_heads: h,
+            n_kv_heads: kvh,
+            // head_dim ** -0.5 in Python (a double), handed to MLX as a float.
+            scale: (hd as f64).powf(-0.5) as f32,
+            rope,
+        })
+    }
+
+    /// x (B, L, hidden) -> (B, L, hidden)
+    pub fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
+        let (b, l) = (x.dim(0), x.dim(1));
+        let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let t = t.reshape(&[b, l, n, -1])?; // (B, L, n, head_dim)
+            let t = match norm {
+                Some(nm) => nm.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose(&[0, 2, 1, 3])?) // (B, n, L, head_dim)
+        };
+        let queries = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
+        let keys = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
+        let values = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+
+        let offset = cache.offset();
+        let queries = self.rope.forward(&queries, offset)?;
+        let keys = self.rope.forward(&keys, offset)?;
+        let (keys, values) = cache.update_and_fetch(&keys, &values)?; // (B, kv_heads, S, head_dim)
+
+        let out = fast::sdpa(&queries, &keys, &values, self.scale, mask)?; // (B, heads, L, head_dim)
+        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+}

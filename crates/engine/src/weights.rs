@@ -1,0 +1,172 @@
+//! Checkpoint tensors by name: safetensors files (sharded via `model.safetensors.index.json`),
+//! prefix views so a layer loads itself, and a strict `finish` naming every unused tensor.
+use crate::error::{EngineError, Result};
+use mlx::Array;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// All tensors of a checkpoint, and which of them the model has taken.
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    taken: RefCell<BTreeSet<String>>,
+}
+
+impl Weights {
+    pub fn from_map(tensors: HashMap<String, Array>) -> Self {
+        Weights { tensors, taken: RefCell::new(BTreeSet::new()) }
+    }
+
+    /// Reads `model*.safetensors` in `dir` (the files an index names, or all that match).
+    pub fn load_dir(dir: &Path) -> Result<Weights> {
+        let mut tensors = HashMap::new();
+        for file in weight_files(dir)? {
+            check_safetensors(&file)?;
+            let st = mlx::io::load_safetensors(&file).map_err(|e| EngineError::file(&file, e.message))?;
+            for (name, a) in st.tensors {
+                tensors.insert(name, a);
+            }
+        }
+        Ok(Weights::from_map(tensors))
+    }
+
+    /// Drops tensors the architecture knows it does not need (mlx-lm's `sanitize`).
+    pub fn drop_where(&mut self, unwanted: impl Fn(&str) -> bool) {
+        self.tensors.retain(|name, _| !unwanted(name));
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Takes a tensor, checking its shape where one is expected.
+    pub fn get(&self, name: &str, expected: Option<&[i32]>) -> Result<Array> {
+        let a = self.tensors.get(name).ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+        if let Some(shape) = expected {
+            let found = a.shape();
+            if found != shape {
+                return Err(EngineError::Shape { name: name.to_owned(), found, expected: shape.to_vec() });
+            }
+        }
+        self.taken.borrow_mut().insert(name.to_owned());
+        Ok(a.clone())
+    }
+
+    pub fn view(&self, prefix: &str) -> Vb<'_> {
+        Vb { w: self, prefix: prefix.to_owned() }
+    }
+
+    /// Fails, naming them, if any tensor was never taken.
+    pub fn finish(&self) -> Result<()> {
+        let taken = self.taken.borrow();
+        let unused: BTreeSet<&String> = self.tensors.keys().filter(|k| !taken.contains(*k)).collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<&str> = unused.iter().take(10).map(|s| s.as_str()).collect();
+        let more = if unused.len() > 10 { format!(" and {} more", unused.len() - 10) } else { String::new() };
+        Err(EngineError::UnusedTensors(format!("{}{more}", list.join(", "))))
+    }
+}
+
+/// A view of the weights under one prefix, e.g. `model.layers.3`.
+#[derive(Clone)]
+pub struct Vb<'a> {
+    w: &'a Weights,
+    prefix: String,
+}
+
+impl<'a> Vb<'a> {
+    pub fn pp(&self, name: impl std::fmt::Display) -> Vb<'a> {
+        let prefix = if self.prefix.is_empty() { name.to_string() } else { format!("{}.{name}", self.prefix) };
+        Vb { w: self.w, prefix }
+    }
+
+    /// The full name of `name` under this prefix (or the prefix itself when `name` is empty).
+    pub fn path(&self, name: &str) -> String {
+        match (self.prefix.is_empty(), name.is_empty()) {
+            (true, _) => name.to_owned(),
+            (false, true) => self.prefix.clone(),
+            (false, false) => format!("{}.{name}", self.prefix),
+        }
+    }
+
+    pub fn get(&self, name: &str, shape: &[i32]) -> Result<Array> {
+        self.w.get(&self.path(name), Some(shape))
+    }
+
+    /// A tensor whose shape the caller checks itself.
+    pub fn get_any(&self, name: &str) -> Result<Array> {
+        self.w.get(&self.path(name), None)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.w.contains(&self.path(name))
+    }
+}
+
+/// The safetensors files of a model folder, in a stable order.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = fs::read_to_string(&index).map_err(|e| EngineError::file(&index, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::file(&index, e))?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| EngineError::file(&index, "no weight_map object"))?;
+        let files: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
+        let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+        if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
+            return Err(EngineError::file(missing, "named by model.safetensors.index.json but missing"));
+        }
+        return Ok(paths);
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(|e| EngineError::file(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            name.starts_with("model") && name.ends_with(".safetensors")
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(EngineError::file(dir, "no model*.safetensors weights in this folder"));
+    }
+    Ok(files)
+}
+
+/// Checks a safetensors header and that the file holds all the bytes it announces, so that a
+/// truncated download fails at load with its name rather than later inside MLX.
+fn check_safetensors(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let bad = |m: &str| EngineError::file(path, format!("not a valid safetensors file: {m}"));
+    let mut f = fs::File::open(path).map_err(|e| EngineError::file(path, e))?;
+    let len = f.metadata().map_err(|e| EngineError::file(path, e))?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(|_| bad("shorter than its header"))?;
+    let header_len = u64::from_le_bytes(n);
+    if header_len > 100_000_000 || 8 + header_len > len {
+        return Err(bad("header length out of range"));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    f.read_exact(&mut header).map_err(|_| bad("truncated header"))?;
+    let json: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| bad(&format!("header is not JSON ({e})")))?;
+    let mut end = 0u64;
+    for (name, v) in &json {
+        if name == "__metadata__" {
+            continue;
+        }
+        let offsets = v.get("data_offsets").and_then(|o| o.as_array()).ok_or_else(|| bad("tensor without offsets"))?;
+        if let Some(stop) = offsets.get(1).and_then(|x| x.as_u64()) {
+            end = end.max(stop);
+        }
+    }
+    if 8 + header_len + end > len {
+        return Err(bad(&format!("truncated: {} bytes of tensor data announced, {} present", end, len - 8 - header_len)));
+    }
+    Ok(())
+}
