@@ -28,6 +28,8 @@ enum DeviceArg {
 enum Command {
     /// Generate text from a prompt (flags as mlx_lm.generate).
     Generate(commands::generate::Args),
+    /// Measure prompt and generation speed (as mlx_lm.benchmark).
+    Bench(commands::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     mlx::runtime::set_default_device(device)?;
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
+        Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),
         None => {
             use clap::CommandFactory;
             Cli::command().print_help()?;

@@ -56,6 +56,8 @@ impl LoadedModel {
         let tokenizer = Tokenizer::from_dir(dir)?;
         let weights = Weights::load_dir(dir)?;
         let model = models::build(&config, weights)?;
+        // Read every weight now, as mlx-lm's load does, so that load time is load time.
+        mlx::eval(&model.parameters())?;
         let mut eos_token_ids = ids_of(config.get("eos_token_id"));
         for id in tokenizer.eos_token_ids() {
             if !eos_token_ids.contains(&id) {

@@ -475,6 +475,15 @@ int mlxs_random_uniform(mlxs_array* out, const int32_t* shape, int ndim, int dty
   });
 }
 
+int mlxs_random_randint(mlxs_array* out, int64_t low, int64_t high, const int32_t* shape, int ndim, int dtype,
+                        const mlxs_array key) {
+  return guard([&] {
+    // As Python's mx.random.randint(low, high, shape) with int bounds: int32 scalars.
+    *out = wrap(mx::random::randint(mx::array(static_cast<int>(low)), mx::array(static_cast<int>(high)),
+                                    shape_of(shape, ndim), dtype_of(dtype), opt(key)));
+  });
+}
+
 int mlxs_safetensors_load(mlxs_tensors* out, const char* path) {
   return guard([&] {
     auto loaded = mx::load_safetensors(std::string(path));

@@ -90,6 +90,8 @@ int mlxs_sdpa(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlx
 int mlxs_random_seed(uint64_t seed);
 int mlxs_random_categorical(mlxs_array* out, const mlxs_array logits, int axis, const mlxs_array key);
 int mlxs_random_uniform(mlxs_array* out, const int32_t* shape, int ndim, int dtype, const mlxs_array key);
+int mlxs_random_randint(mlxs_array* out, int64_t low, int64_t high, const int32_t* shape, int ndim, int dtype,
+                        const mlxs_array key);
 
 /* safetensors */
 int mlxs_safetensors_load(mlxs_tensors* out, const char* path);

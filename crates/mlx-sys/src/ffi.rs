@@ -176,6 +176,16 @@ extern "C" {
         key: mlxs_array,
     ) -> c_int;
 
+    pub fn mlxs_random_randint(
+        out: *mut mlxs_array,
+        low: i64,
+        high: i64,
+        shape: *const i32,
+        ndim: c_int,
+        dtype: c_int,
+        key: mlxs_array,
+    ) -> c_int;
+
     pub fn mlxs_safetensors_load(out: *mut mlxs_tensors, path: *const c_char) -> c_int;
     pub fn mlxs_tensors_free(t: mlxs_tensors);
     pub fn mlxs_tensors_len(t: mlxs_tensors) -> usize;

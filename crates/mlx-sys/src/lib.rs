@@ -436,6 +436,10 @@ pub fn random_uniform(shape: &[i32], dtype: i32, key: Option<&Handle>) -> Result
     make(|o| unsafe { ffi::mlxs_random_uniform(o, shape.as_ptr(), len_i32(shape.len()), dtype, opt(key)) })
 }
 
+pub fn random_randint(low: i64, high: i64, shape: &[i32], dtype: i32, key: Option<&Handle>) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_random_randint(o, low, high, shape.as_ptr(), len_i32(shape.len()), dtype, opt(key)) })
+}
+
 // ---- safetensors ----
 
 /// Tensors (lazily read) and metadata of one safetensors file.

@@ -21,3 +21,9 @@ pub fn categorical(logits: &Array, axis: i32) -> Result<Array> {
 pub fn uniform(shape: &[i32], dtype: Dtype) -> Result<Array> {
     ctx("random.uniform", sys::random_uniform(shape, dtype.code(), None)).map(Array::from_handle)
 }
+
+/// Integers in [low, high) (`mx.random.randint`).
+#[track_caller]
+pub fn randint(low: i64, high: i64, shape: &[i32], dtype: Dtype) -> Result<Array> {
+    ctx("random.randint", sys::random_randint(low, high, shape, dtype.code(), None)).map(Array::from_handle)
+}

@@ -1,2 +1,3 @@
 //! One module per subcommand.
+pub mod bench;
 pub mod generate;

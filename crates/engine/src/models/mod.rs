@@ -14,6 +14,8 @@ use mlx::Array;
 pub trait Model: Send {
     fn model_type(&self) -> &str;
     fn vocab_size(&self) -> i32;
+    /// Every weight array, for evaluation at load and memory accounting.
+    fn parameters(&self) -> Vec<&Array>;
     /// One fresh cache per layer.
     fn make_cache(&self) -> Vec<Box<dyn KvCache>>;
     /// tokens (B, L) -> logits (B, L, vocab), appending to `cache`.

@@ -101,6 +101,21 @@ impl Model for Decoder {
         self.spec.vocab_size
     }
 
+    fn parameters(&self) -> Vec<&Array> {
+        let mut v = self.embed_tokens.arrays();
+        for l in &self.layers {
+            v.extend(l.self_attn.arrays());
+            for p in [&l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj] {
+                v.extend(p.arrays());
+            }
+            v.extend(l.input_layernorm.arrays());
+            v.extend(l.post_attention_layernorm.arrays());
+        }
+        v.extend(self.norm.arrays());
+        v.extend(self.lm_head.iter().flat_map(|h| h.arrays()));
+        v
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
         self.layers.iter().map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()
     }

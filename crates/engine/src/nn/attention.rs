@@ -55,6 +55,12 @@ impl Attention {
         })
     }
 
+    pub fn arrays(&self) -> Vec<&Array> {
+        let projections = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj];
+        let norms = self.q_norm.iter().chain(self.k_norm.iter());
+        projections.iter().flat_map(|p| p.arrays()).chain(norms.flat_map(|n| n.arrays())).collect()
+    }
+
     /// x (B, L, hidden) -> (B, L, hidden)
     pub fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));

@@ -21,6 +21,13 @@ impl Embedding {
         })
     }
 
+    pub fn arrays(&self) -> Vec<&Array> {
+        match &self.0 {
+            Kind::Float(w) => vec![w],
+            Kind::Quant(q) => q.arrays().to_vec(),
+        }
+    }
+
     /// ids (B, L) -> (B, L, dims)
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         Ok(match &self.0 {

@@ -27,6 +27,16 @@ impl Linear {
         Ok(Linear { kind, bias })
     }
 
+    /// The weights this layer holds (for evaluation and memory accounting).
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut v = match &self.kind {
+            Kind::Float(w) => vec![w],
+            Kind::Quant(q) => q.arrays().to_vec(),
+        };
+        v.extend(self.bias.iter());
+        v
+    }
+
     /// x (..., in) -> (..., out)
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match (&self.kind, &self.bias) {

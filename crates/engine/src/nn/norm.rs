@@ -14,6 +14,10 @@ impl RmsNorm {
         Ok(RmsNorm { weight: vb.get("weight", &[dims])?, eps: eps as f32 })
     }
 
+    pub fn arrays(&self) -> Vec<&Array> {
+        vec![&self.weight]
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }

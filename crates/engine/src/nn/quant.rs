@@ -94,6 +94,10 @@ impl Quantized {
         })
     }
 
+    pub fn arrays(&self) -> [&mlx::Array; 3] {
+        [&self.weight, &self.scales, &self.biases]
+    }
+
     /// x @ Wᵀ for the packed W.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
         Ok(mlx::ops::quantized_matmul(x, &self.weight, &self.scales, Some(&self.biases), true, self.spec)?)

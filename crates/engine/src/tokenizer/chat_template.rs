@@ -1,6 +1,6 @@
 //! Chat templates rendered as transformers renders them: a Jinja environment with trim_blocks and
 //! lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, its own `tojson`, Python string methods
-//! and Python's way of printing values, with the `{% generation %}` tag of its AssistantTracker.
+//! and Python's way of printing values.
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -10,6 +10,7 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
 
 use super::config::TemplateSet;
 use super::pyfmt::{self, JsonOptions};
+use super::template_source;
 use super::TokenizerError;
 
 /// The compiled chat templates of a tokenizer.
@@ -30,15 +31,22 @@ fn environment() -> Environment<'static> {
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(|out, _state, value| {
-        out.write_str(&pyfmt::py_str(value)).map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
+        out.write_str(&pyfmt::py_str(value))
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
     });
     env.add_filter("tojson", tojson);
     env.add_filter("string", |v: Value| pyfmt::py_str(&v));
-    env.add_function("raise_exception", |message: String| -> Result<Value, Error> {
-        Err(Error::new(ErrorKind::InvalidOperation, message))
-    });
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, message))
+        },
+    );
     env.add_function("strftime_now", |format: String| {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
         pyfmt::strftime(&format, now)
     });
     env
@@ -48,7 +56,10 @@ fn environment() -> Environment<'static> {
 fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Error> {
     const NAMES: [&str; 4] = ["ensure_ascii", "indent", "separators", "sort_keys"];
     if args.len() > NAMES.len() {
-        return Err(Error::new(ErrorKind::TooManyArguments, "tojson takes at most 4 arguments"));
+        return Err(Error::new(
+            ErrorKind::TooManyArguments,
+            "tojson takes at most 4 arguments",
+        ));
     }
     let mut given: [Option<Value>; 4] = Default::default();
     for (i, a) in args.iter().enumerate() {
@@ -64,9 +75,13 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Erro
     let indent = match indent {
         None => None,
         Some(v) if v.is_none() => None,
-        Some(v) if v.kind() == ValueKind::String => Some(v.as_str().unwrap_or_default().to_string()),
+        Some(v) if v.kind() == ValueKind::String => {
+            Some(v.as_str().unwrap_or_default().to_string())
+        }
         Some(v) => {
-            let n = v.as_i64().ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "indent must be an int"))?;
+            let n = v
+                .as_i64()
+                .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "indent must be an int"))?;
             Some(" ".repeat(n.max(0) as usize))
         }
     };
@@ -74,10 +89,16 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Erro
         Some(seps) => {
             let parts: Vec<Value> = seps.try_iter()?.collect();
             match parts.as_slice() {
-                [a, b] if a.as_str().is_some() && b.as_str().is_some() => {
-                    (a.as_str().unwrap_or_default().to_string(), b.as_str().unwrap_or_default().to_string())
+                [a, b] if a.as_str().is_some() && b.as_str().is_some() => (
+                    a.as_str().unwrap_or_default().to_string(),
+                    b.as_str().unwrap_or_default().to_string(),
+                ),
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "separators must be two strings",
+                    ))
                 }
-                _ => return Err(Error::new(ErrorKind::InvalidOperation, "separators must be two strings")),
             }
         }
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
@@ -93,66 +114,19 @@ fn tojson(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<Value, Erro
     pyfmt::json_dumps(&value, &opts).map(Value::from)
 }
 
-/// Replaces transformers' `{% generation %}`/`{% endgeneration %}` (which just render their body) by an
-/// always-true `if`, keeping the whitespace-control marks.
-fn replace_generation_tags(src: &str) -> String {
-    let mut out = String::with_capacity(src.len());
-    let mut rest = src;
-    while let Some(pos) = rest.find("{%") {
-        out.push_str(&rest[..pos + 2]);
-        let tail = &rest[pos + 2..];
-        match generation_tag(tail) {
-            Some((replacement, used)) => {
-                out.push_str(&replacement);
-                rest = &tail[used..];
-            }
-            None => rest = tail,
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-fn generation_tag(tail: &str) -> Option<(String, usize)> {
-    let b = tail.as_bytes();
-    let mut i = 0;
-    let mark = |i: usize| b.get(i).filter(|c| **c == b'-' || **c == b'+').map(|c| *c as char);
-    let prefix = mark(i);
-    i += prefix.map_or(0, |_| 1);
-    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
-        i += 1;
-    }
-    let start = i;
-    while b.get(i).is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_') {
-        i += 1;
-    }
-    let body = match &tail[start..i] {
-        "generation" => "if true",
-        "endgeneration" => "endif",
-        _ => return None,
-    };
-    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
-        i += 1;
-    }
-    let suffix = mark(i);
-    i += suffix.map_or(0, |_| 1);
-    if !tail[i..].starts_with("%}") {
-        return None;
-    }
-    let p = prefix.map(String::from).unwrap_or_default();
-    let s = suffix.map(String::from).unwrap_or_default();
-    Some((format!("{p} {body} {s}%}}"), i + 2))
-}
-
 impl ChatTemplates {
     pub fn new(set: TemplateSet) -> ChatTemplates {
         let mut env = environment();
         let mut compiled = BTreeMap::new();
         for (name, source) in set.by_name {
-            let result = env.add_template_owned(name.clone(), replace_generation_tags(&source));
+            let result = env.add_template_owned(name.clone(), template_source::prepare(&source));
             compiled.insert(name, result.err().map(|e| e.to_string()));
         }
-        ChatTemplates { env, single: set.single, compiled }
+        ChatTemplates {
+            env,
+            single: set.single,
+            compiled,
+        }
     }
 
     /// transformers' `get_chat_template(None, tools)`: the single template, else "tool_use" when tools are
@@ -187,24 +161,41 @@ impl ChatTemplates {
         ctx.insert("messages".into(), messages);
         ctx.insert("tools".into(), tools.unwrap_or(Value::from(())));
         ctx.insert("documents".into(), Value::from(()));
-        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
-        let template = self.env.get_template(name).map_err(|e| TokenizerError::Template(e.to_string()))?;
-        template.render(ctx).map_err(|e| TokenizerError::Template(e.to_string()))
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        let template = self
+            .env
+            .get_template(name)
+            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        template
+            .render(ctx)
+            .map_err(|e| TokenizerError::Template(e.to_string()))
     }
 }
 
 /// transformers' message normalization: messages must be objects; keys whose value is null are dropped;
 /// a reasoning field (reasoning_content, thinking or reasoning) is copied to "thinking" and
 /// "reasoning_content".
-pub(crate) fn normalize_messages(list: &[serde_json::Value]) -> Result<Vec<serde_json::Value>, TokenizerError> {
+pub(crate) fn normalize_messages(
+    list: &[serde_json::Value],
+) -> Result<Vec<serde_json::Value>, TokenizerError> {
     let mut out = Vec::with_capacity(list.len());
     for m in list {
         let Some(obj) = m.as_object() else {
-            return Err(TokenizerError::Template(format!("chat messages should be objects, got {m}")));
+            return Err(TokenizerError::Template(format!(
+                "chat messages should be objects, got {m}"
+            )));
         };
-        let mut obj: serde_json::Map<String, serde_json::Value> =
-            obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
-        let reasoning = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| obj.get(*k).cloned());
+        let mut obj: serde_json::Map<String, serde_json::Value> = obj
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let reasoning = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|k| obj.get(*k).cloned());
         if let Some(r) = reasoning {
             obj.entry("thinking").or_insert(r.clone());
             obj.insert("reasoning_content".into(), r);
@@ -212,18 +203,4 @@ pub(crate) fn normalize_messages(list: &[serde_json::Value]) -> Result<Vec<serde
         out.push(serde_json::Value::Object(obj));
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generation_tags_become_ifs() {
-        let src = "a{% generation %}b{%- endgeneration -%}c{% if x %}{% endif %}{%+generation+%}";
-        assert_eq!(
-            replace_generation_tags(src),
-            "a{% if true %}b{%- endif -%}c{% if x %}{% endif %}{%+ if true +%}"
-        );
-    }
 }

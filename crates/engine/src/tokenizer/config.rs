@@ -13,8 +13,15 @@ use tokenizers::AddedToken;
 use super::TokenizerError;
 
 /// transformers' `SPECIAL_TOKENS_ATTRIBUTES`, in its order.
-const NAMED: [&str; 7] =
-    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+const NAMED: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 /// A JSON object that keeps its keys in file order (Python dicts do; serde_json's Map here sorts them).
 struct Ordered(Vec<(String, Value)>);
@@ -47,10 +54,14 @@ fn read_ordered(path: &Path) -> Result<Option<Vec<(String, Value)>>, TokenizerEr
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
-    let parsed: Ordered = serde_json::from_str(&text)
-        .map_err(|e| TokenizerError::Json { path: path.to_path_buf(), message: e.to_string() })?;
+    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let parsed: Ordered = serde_json::from_str(&text).map_err(|e| TokenizerError::Json {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
     Ok(Some(parsed.0))
 }
 
@@ -118,15 +129,23 @@ impl TokenizerConfig {
     pub fn load(dir: &Path) -> Result<TokenizerConfig, TokenizerError> {
         let path = dir.join("tokenizer_config.json");
         let mut kv = read_ordered(&path)?.unwrap_or_default();
-        let bad = |message: String| TokenizerError::Config { path: path.clone(), message };
+        let bad = |message: String| TokenizerError::Config {
+            path: path.clone(),
+            message,
+        };
 
         let added_decoder = match kv.iter().find(|(k, _)| k == "added_tokens_decoder") {
             Some((_, Value::Object(m))) => {
                 let mut out = Vec::new();
                 for (id, tok) in m {
-                    let id: u64 = id.parse().map_err(|_| bad(format!("added_tokens_decoder key {id:?} is not an id")))?;
-                    let tok = added_token(tok)
-                        .ok_or_else(|| bad(format!("added_tokens_decoder entry {id} has no string \"content\"")))?;
+                    let id: u64 = id.parse().map_err(|_| {
+                        bad(format!("added_tokens_decoder key {id:?} is not an id"))
+                    })?;
+                    let tok = added_token(tok).ok_or_else(|| {
+                        bad(format!(
+                            "added_tokens_decoder entry {id} has no string \"content\""
+                        ))
+                    })?;
                     out.push((id, tok));
                 }
                 out.sort_by_key(|(id, _)| *id);
@@ -154,8 +173,11 @@ impl TokenizerConfig {
             match get(key) {
                 None | Some(Value::Null) => {}
                 Some(v) => {
-                    let spec = TokenSpec::parse(v)
-                        .ok_or_else(|| bad(format!("{key} is neither a string nor an AddedToken object")))?;
+                    let spec = TokenSpec::parse(v).ok_or_else(|| {
+                        bad(format!(
+                            "{key} is neither a string nor an AddedToken object"
+                        ))
+                    })?;
                     named.push((key.to_string(), spec));
                 }
             }
@@ -163,7 +185,9 @@ impl TokenizerConfig {
         // Other `*_token` keys with a token value, then a dict-valued extra_special_tokens, are named too.
         for (k, v) in &kv {
             if k.ends_with("_token") && !NAMED.contains(&k.as_str()) {
-                if let Some(spec) = TokenSpec::parse(v).filter(|_| v.is_string() || is_added_token_obj(v)) {
+                if let Some(spec) =
+                    TokenSpec::parse(v).filter(|_| v.is_string() || is_added_token_obj(v))
+                {
                     named.push((k.clone(), spec));
                 }
             }
@@ -183,7 +207,12 @@ impl TokenizerConfig {
             Some(Value::Array(a)) => extra.extend(a.iter().filter_map(TokenSpec::parse)),
             _ => {}
         }
-        let content = |key: &str| named.iter().find(|(k, _)| k == key).map(|(_, s)| s.content().to_string());
+        let content = |key: &str| {
+            named
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, s)| s.content().to_string())
+        };
         let chat_templates = load_templates(dir, get("chat_template"), &bad)?;
         Ok(TokenizerConfig {
             bos_token: content("bos_token"),
@@ -194,23 +223,35 @@ impl TokenizerConfig {
             added_decoder: added_decoder.unwrap_or_default(),
             split_special_tokens: flag("split_special_tokens"),
             clean_up_tokenization_spaces: flag("clean_up_tokenization_spaces"),
-            clean_up_for_bpe: flag("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"),
+            clean_up_for_bpe: flag(
+                "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
+            ),
             chat_templates,
-            chat_template_type: get("chat_template_type").and_then(Value::as_str).map(str::to_string),
+            chat_template_type: get("chat_template_type")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         })
     }
 
     /// transformers' `special_tokens_map`: the named tokens' contents.
     pub fn special_tokens_map(&self) -> Vec<(String, String)> {
-        self.named.iter().map(|(k, s)| (k.clone(), s.content().to_string())).collect()
+        self.named
+            .iter()
+            .map(|(k, s)| (k.clone(), s.content().to_string()))
+            .collect()
     }
 
     /// What `TokenizersBackend.__init__` does to the tokenizer.json pipeline: adds the config's
     /// added_tokens_decoder, then the named and extra special tokens that are not added tokens yet, and
     /// sets `encode_special_tokens` from `split_special_tokens`.
     pub fn apply_to(&self, tok: &mut tokenizers::Tokenizer) -> Result<(), String> {
-        let mut to_add: Vec<AddedToken> = self.added_decoder.iter().map(|(_, t)| t.clone()).collect();
-        let mut encoder: Vec<String> = tok.get_added_tokens_decoder().into_values().map(|t| t.content).collect();
+        let mut to_add: Vec<AddedToken> =
+            self.added_decoder.iter().map(|(_, t)| t.clone()).collect();
+        let mut encoder: Vec<String> = tok
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .collect();
         encoder.extend(to_add.iter().map(|t| t.content.clone()));
         let named_contents: Vec<&str> = self.named.iter().map(|(_, s)| s.content()).collect();
         let mut from_specials: Vec<TokenSpec> = Vec::new();
@@ -263,7 +304,10 @@ fn load_templates(
     bad: &dyn Fn(String) -> TokenizerError,
 ) -> Result<Option<TemplateSet>, TokenizerError> {
     let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|source| TokenizerError::Io { path: p.to_path_buf(), source })
+        std::fs::read_to_string(p).map_err(|source| TokenizerError::Io {
+            path: p.to_path_buf(),
+            source,
+        })
     };
     let mut files: BTreeMap<String, String> = BTreeMap::new();
     let jinja = dir.join("chat_template.jinja");
@@ -272,11 +316,21 @@ fn load_templates(
     }
     let extra_dir = dir.join("additional_chat_templates");
     if extra_dir.is_dir() {
-        let entries =
-            std::fs::read_dir(&extra_dir).map_err(|source| TokenizerError::Io { path: extra_dir.clone(), source })?;
+        let entries = std::fs::read_dir(&extra_dir).map_err(|source| TokenizerError::Io {
+            path: extra_dir.clone(),
+            source,
+        })?;
         for entry in entries {
-            let p = entry.map_err(|source| TokenizerError::Io { path: extra_dir.clone(), source })?.path();
-            let name = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".jinja"));
+            let p = entry
+                .map_err(|source| TokenizerError::Io {
+                    path: extra_dir.clone(),
+                    source,
+                })?
+                .path();
+            let name = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".jinja"));
             if let (Some(name), true) = (name, p.is_file()) {
                 files.insert(name.to_string(), read(&p)?);
             }
@@ -284,13 +338,17 @@ fn load_templates(
     }
     if !files.is_empty() {
         let single = files.len() == 1 && files.contains_key("default");
-        return Ok(Some(TemplateSet { single, by_name: files }));
+        return Ok(Some(TemplateSet {
+            single,
+            by_name: files,
+        }));
     }
     match from_config {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => {
-            Ok(Some(TemplateSet { single: true, by_name: BTreeMap::from([("default".to_string(), s.clone())]) }))
-        }
+        Some(Value::String(s)) => Ok(Some(TemplateSet {
+            single: true,
+            by_name: BTreeMap::from([("default".to_string(), s.clone())]),
+        })),
         Some(Value::Array(list)) => {
             let mut by_name = BTreeMap::new();
             for item in list {
@@ -300,10 +358,18 @@ fn load_templates(
                     (Some(n), Some(t)) => {
                         by_name.insert(n.to_string(), t.to_string());
                     }
-                    _ => return Err(bad("chat_template list entries need string \"name\" and \"template\"".into())),
+                    _ => {
+                        return Err(bad(
+                            "chat_template list entries need string \"name\" and \"template\""
+                                .into(),
+                        ))
+                    }
                 }
             }
-            Ok(Some(TemplateSet { single: false, by_name }))
+            Ok(Some(TemplateSet {
+                single: false,
+                by_name,
+            }))
         }
         Some(Value::Object(m)) => {
             let by_name = m
@@ -311,7 +377,10 @@ fn load_templates(
                 .map(|(k, v)| v.as_str().map(|t| (k.clone(), t.to_string())))
                 .collect::<Option<BTreeMap<_, _>>>()
                 .ok_or_else(|| bad("chat_template object values must be strings".into()))?;
-            Ok(Some(TemplateSet { single: false, by_name }))
+            Ok(Some(TemplateSet {
+                single: false,
+                by_name,
+            }))
         }
         Some(_) => Err(bad("chat_template is neither a string nor a list".into())),
     }

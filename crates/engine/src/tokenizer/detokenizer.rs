@@ -25,9 +25,18 @@ pub enum DetokenizerKind {
 
 /// What every detokenizer of one tokenizer shares (mlx-lm builds it once in `TokenizerWrapper`).
 pub(crate) enum Prototype {
-    Naive { tok: Arc<tokenizers::Tokenizer>, clean_up: bool, clean_spaces: bool },
-    Spm { map: Arc<Vec<Vec<u8>>>, trim_space: bool },
-    Bpe { map: Arc<Vec<String>> },
+    Naive {
+        tok: Arc<tokenizers::Tokenizer>,
+        clean_up: bool,
+        clean_spaces: bool,
+    },
+    Spm {
+        map: Arc<Vec<Vec<u8>>>,
+        trim_space: bool,
+    },
+    Bpe {
+        map: Arc<Vec<String>>,
+    },
 }
 
 fn decoder_matches(decoder: Option<&Value>, strip: bool) -> bool {
@@ -54,40 +63,69 @@ impl Prototype {
         let tokens = || (0..vocab_size as u32).map(|i| tok.id_to_token(i).unwrap_or_default());
         if decoder_matches(decoder, true) || decoder_matches(decoder, false) {
             let map = tokens().map(|t| spm_bytes(&t)).collect();
-            Prototype::Spm { map: Arc::new(map), trim_space: decoder_matches(decoder, true) }
+            Prototype::Spm {
+                map: Arc::new(map),
+                trim_space: decoder_matches(decoder, true),
+            }
         } else if decoder.and_then(|d| d.get("type")).and_then(Value::as_str) == Some("ByteLevel") {
-            Prototype::Bpe { map: Arc::new(tokens().collect()) }
+            Prototype::Bpe {
+                map: Arc::new(tokens().collect()),
+            }
         } else {
             // `" ," not in tokenizer.decode(tokenizer.encode("a ,b", add_special_tokens=False))`
-            let probe = tok.encode("a ,b", false).map(|e| e.get_ids().to_vec()).unwrap_or_default();
+            let probe = tok
+                .encode("a ,b", false)
+                .map(|e| e.get_ids().to_vec())
+                .unwrap_or_default();
             let text = hf_decode(tok, &probe, false, clean_up).unwrap_or_default();
-            Prototype::Naive { tok: tok.clone(), clean_up, clean_spaces: !text.contains(" ,") }
+            Prototype::Naive {
+                tok: tok.clone(),
+                clean_up,
+                clean_spaces: !text.contains(" ,"),
+            }
         }
     }
 
     pub fn kind(&self) -> DetokenizerKind {
         match self {
             Prototype::Naive { .. } => DetokenizerKind::Naive,
-            Prototype::Spm { trim_space, .. } => DetokenizerKind::Spm { trim_space: *trim_space },
+            Prototype::Spm { trim_space, .. } => DetokenizerKind::Spm {
+                trim_space: *trim_space,
+            },
             Prototype::Bpe { .. } => DetokenizerKind::Bpe,
         }
     }
 
     pub fn make(&self) -> StreamingDetokenizer {
         let state = match self {
-            Prototype::Naive { tok, clean_up, clean_spaces } => State::Naive {
+            Prototype::Naive {
+                tok,
+                clean_up,
+                clean_spaces,
+            } => State::Naive {
                 tok: tok.clone(),
                 clean_up: *clean_up,
                 clean_spaces: *clean_spaces,
                 stable: 0,
                 current: Vec::new(),
             },
-            Prototype::Spm { map, trim_space } => {
-                State::Spm { map: map.clone(), trim_space: *trim_space, unflushed: Vec::new() }
-            }
-            Prototype::Bpe { map } => State::Bpe { map: map.clone(), unflushed: String::new() },
+            Prototype::Spm { map, trim_space } => State::Spm {
+                map: map.clone(),
+                trim_space: *trim_space,
+                unflushed: Vec::new(),
+            },
+            Prototype::Bpe { map } => State::Bpe {
+                map: map.clone(),
+                unflushed: String::new(),
+            },
         };
-        StreamingDetokenizer { state, text: String::new(), tokens: Vec::new(), offset: 0, anchor: (0, 0) }
+        StreamingDetokenizer {
+            state,
+            text: String::new(),
+            tokens: Vec::new(),
+            offset: 0,
+            anchor: (0, 0),
+        }
     }
 }
 
@@ -106,7 +144,9 @@ fn spm_bytes(token: &str) -> Vec<u8> {
 fn byte_decoder() -> &'static std::collections::HashMap<char, u8> {
     static MAP: OnceLock<std::collections::HashMap<char, u8>> = OnceLock::new();
     MAP.get_or_init(|| {
-        let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable = |b: u32| {
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
+        };
         let mut n = 0;
         (0u32..256)
             .map(|b| {
@@ -166,9 +206,22 @@ fn replace_bytes(haystack: &[u8], needle: &[u8], with: &[u8]) -> Vec<u8> {
 
 enum State {
     /// `text[..stable]` is mlx-lm's `_text`; the rest its `_current_text`.
-    Naive { tok: Arc<tokenizers::Tokenizer>, clean_up: bool, clean_spaces: bool, stable: usize, current: Vec<u32> },
-    Spm { map: Arc<Vec<Vec<u8>>>, trim_space: bool, unflushed: Vec<u8> },
-    Bpe { map: Arc<Vec<String>>, unflushed: String },
+    Naive {
+        tok: Arc<tokenizers::Tokenizer>,
+        clean_up: bool,
+        clean_spaces: bool,
+        stable: usize,
+        current: Vec<u32>,
+    },
+    Spm {
+        map: Arc<Vec<Vec<u8>>>,
+        trim_space: bool,
+        unflushed: Vec<u8>,
+    },
+    Bpe {
+        map: Arc<Vec<String>>,
+        unflushed: String,
+    },
 }
 
 /// Streams text out token by token exactly as mlx-lm's streaming detokenizers do.
@@ -193,7 +246,9 @@ impl StreamingDetokenizer {
         self.offset = 0;
         self.anchor = (0, 0);
         match &mut self.state {
-            State::Naive { stable, current, .. } => {
+            State::Naive {
+                stable, current, ..
+            } => {
                 *stable = 0;
                 current.clear();
             }
@@ -207,7 +262,13 @@ impl StreamingDetokenizer {
         self.tokens.push(id);
         let text = &mut self.text;
         match &mut self.state {
-            State::Naive { tok, clean_up, clean_spaces, stable, current } => {
+            State::Naive {
+                tok,
+                clean_up,
+                clean_spaces,
+                stable,
+                current,
+            } => {
                 current.push(id);
                 let mut cur = hf_decode(tok, current, false, *clean_up).unwrap_or_default();
                 if cur.ends_with(REPLACEMENT) {
@@ -222,7 +283,11 @@ impl StreamingDetokenizer {
                     current.clear();
                 }
             }
-            State::Spm { map, trim_space, unflushed } => {
+            State::Spm {
+                map,
+                trim_space,
+                unflushed,
+            } => {
                 if let Some(bytes) = map.get(id as usize) {
                     unflushed.extend_from_slice(bytes);
                 }
@@ -245,14 +310,24 @@ impl StreamingDetokenizer {
     pub fn finalize(&mut self) {
         let text = &mut self.text;
         match &mut self.state {
-            State::Naive { tok, clean_up, stable, current, .. } => {
+            State::Naive {
+                tok,
+                clean_up,
+                stable,
+                current,
+                ..
+            } => {
                 let rest = hf_decode(tok, current, false, *clean_up).unwrap_or_default();
                 text.truncate(*stable);
                 text.push_str(&rest);
                 *stable = text.len();
                 current.clear();
             }
-            State::Spm { trim_space, unflushed, .. } => {
+            State::Spm {
+                trim_space,
+                unflushed,
+                ..
+            } => {
                 spm_flush(text, unflushed, *trim_space, true);
                 unflushed.clear();
             }
@@ -293,7 +368,10 @@ impl StreamingDetokenizer {
             State::Naive { stable, .. } => *stable,
             _ => self.text.len(),
         };
-        let stable_chars = self.text.get(anchor_byte..stable).map_or(0, |s| s.chars().count());
+        let stable_chars = self
+            .text
+            .get(anchor_byte..stable)
+            .map_or(0, |s| s.chars().count());
         self.anchor = (stable, anchor_char + stable_chars);
         segment
     }

@@ -10,6 +10,7 @@ mod chat_template;
 mod config;
 mod detokenizer;
 mod pyfmt;
+mod template_source;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,7 +29,10 @@ pub enum TokenizerError {
     #[error("tokenizer file {0} is missing")]
     MissingTokenizerJson(PathBuf),
     #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not valid JSON: {message}")]
     Json { path: PathBuf, message: String },
     #[error("{path} is not a tokenizer the tokenizers library can load: {message}")]
@@ -60,7 +64,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -81,11 +88,17 @@ pub struct Tokenizer {
     detok: detokenizer::Prototype,
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value, TokenizerError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| TokenizerError::Io { path: path.to_path_buf(), source })?;
-    serde_json::from_str(&text)
-        .map_err(|e| TokenizerError::Json { path: path.to_path_buf(), message: e.to_string() })
+/// Reads a file as text and as JSON.
+fn read_json(path: &Path) -> Result<(String, serde_json::Value), TokenizerError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value = serde_json::from_str(&text).map_err(|e| TokenizerError::Json {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok((text, value))
 }
 
 impl Tokenizer {
@@ -101,31 +114,50 @@ impl Tokenizer {
         if !tok_path.is_file() {
             return Err(TokenizerError::MissingTokenizerJson(tok_path));
         }
-        let tok_json = read_json(&tok_path)?;
+        let (text, tok_json) = read_json(&tok_path)?;
         if !tok_json.is_object() {
             return Err(TokenizerError::Json {
                 path: tok_path,
                 message: "the top level is not a JSON object".into(),
             });
         }
-        let text = serde_json::to_string(&tok_json)
-            .map_err(|e| TokenizerError::Json { path: tok_path.clone(), message: e.to_string() })?;
-        let mut inner: tokenizers::Tokenizer = text
-            .parse()
-            .map_err(|e: tokenizers::Error| TokenizerError::Load { path: tok_path.clone(), message: e.to_string() })?;
+        let mut inner: tokenizers::Tokenizer =
+            text.parse()
+                .map_err(|e: tokenizers::Error| TokenizerError::Load {
+                    path: tok_path.clone(),
+                    message: e.to_string(),
+                })?;
+        drop(text);
 
         let cfg = TokenizerConfig::load(dir)?;
-        cfg.apply_to(&mut inner).map_err(|message| TokenizerError::Load { path: tok_path.clone(), message })?;
+        cfg.apply_to(&mut inner)
+            .map_err(|message| TokenizerError::Load {
+                path: tok_path.clone(),
+                message,
+            })?;
 
         let vocab_size = inner.get_vocab_size(true);
-        let eos_ids = cfg.eos_token.as_deref().and_then(|t| token_id_or_unk(&inner, t, &cfg)).into_iter().collect();
+        let eos_ids = cfg
+            .eos_token
+            .as_deref()
+            .and_then(|t| token_id_or_unk(&inner, t, &cfg))
+            .into_iter()
+            .collect();
         let unk_id = cfg.unk_token.as_deref().and_then(|t| inner.token_to_id(t));
         let is_bpe = matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_));
         let clean_up_spaces = cfg.clean_up_tokenization_spaces && (!is_bpe || cfg.clean_up_for_bpe);
         let has_thinking = infer_thinking(&inner);
-        let templates = cfg.chat_templates.as_ref().map(|t| ChatTemplates::new(t.clone()));
+        let templates = cfg
+            .chat_templates
+            .as_ref()
+            .map(|t| ChatTemplates::new(t.clone()));
         let inner = Arc::new(inner);
-        let detok = detokenizer::Prototype::new(tok_json.get("decoder"), &inner, vocab_size, clean_up_spaces);
+        let detok = detokenizer::Prototype::new(
+            tok_json.get("decoder"),
+            &inner,
+            vocab_size,
+            clean_up_spaces,
+        );
         Ok(Tokenizer {
             inner,
             vocab_size,
@@ -185,7 +217,9 @@ impl Tokenizer {
     /// looked up as a token (transformers falls back to the unk token's id for unknown tokens).
     pub fn add_eos_token(&mut self, token: &str) -> Result<(), TokenizerError> {
         let id = match token.trim().parse::<i64>() {
-            Ok(i) => u32::try_from(i).map_err(|_| TokenizerError::UnknownToken(token.to_string()))?,
+            Ok(i) => {
+                u32::try_from(i).map_err(|_| TokenizerError::UnknownToken(token.to_string()))?
+            }
             Err(_) => self
                 .inner
                 .token_to_id(token)
@@ -259,13 +293,22 @@ impl Tokenizer {
         extra: &[(String, serde_json::Value)],
     ) -> Result<String, TokenizerError> {
         let Some(list) = messages.as_array() else {
-            return Err(TokenizerError::Template("messages must be a JSON array".into()));
+            return Err(TokenizerError::Template(
+                "messages must be a JSON array".into(),
+            ));
         };
         let normalized = chat_template::normalize_messages(list)?;
-        let extra: Vec<(String, minijinja::Value)> =
-            extra.iter().map(|(k, v)| (k.clone(), minijinja::Value::from_serialize(v))).collect();
+        let extra: Vec<(String, minijinja::Value)> = extra
+            .iter()
+            .map(|(k, v)| (k.clone(), minijinja::Value::from_serialize(v)))
+            .collect();
         let tools = tools.map(minijinja::Value::from_serialize);
-        self.render_template(minijinja::Value::from_serialize(&normalized), add_generation_prompt, tools, &extra)
+        self.render_template(
+            minijinja::Value::from_serialize(&normalized),
+            add_generation_prompt,
+            tools,
+            &extra,
+        )
     }
 
     fn render_template(
@@ -278,7 +321,10 @@ impl Tokenizer {
         if let Some(t) = &self.chat_template_type {
             return Err(TokenizerError::UnsupportedChatTemplateType(t.clone()));
         }
-        let templates = self.templates.as_ref().ok_or(TokenizerError::NoChatTemplate)?;
+        let templates = self
+            .templates
+            .as_ref()
+            .ok_or(TokenizerError::NoChatTemplate)?;
         if messages.len() == Some(0) {
             return Err(TokenizerError::EmptyConversation);
         }
@@ -287,7 +333,10 @@ impl Tokenizer {
             .iter()
             .map(|(k, v)| (k.clone(), minijinja::Value::from(v.as_str())))
             .collect();
-        vars.push(("enable_thinking".into(), minijinja::Value::from(self.has_thinking)));
+        vars.push((
+            "enable_thinking".into(),
+            minijinja::Value::from(self.has_thinking),
+        ));
         vars.extend(extra.iter().cloned());
         templates.render(messages, tools, add_generation_prompt, vars)
     }
@@ -300,7 +349,8 @@ impl Tokenizer {
 
 /// transformers' `convert_tokens_to_ids`: the token's id, else the unk token's id.
 fn token_id_or_unk(tok: &tokenizers::Tokenizer, token: &str, cfg: &TokenizerConfig) -> Option<u32> {
-    tok.token_to_id(token).or_else(|| cfg.unk_token.as_deref().and_then(|u| tok.token_to_id(u)))
+    tok.token_to_id(token)
+        .or_else(|| cfg.unk_token.as_deref().and_then(|u| tok.token_to_id(u)))
 }
 
 /// transformers' `TokenizersBackend._decode`: the backend's decode, then `clean_up_tokenization` if asked.
@@ -310,8 +360,14 @@ pub(crate) fn hf_decode(
     skip_special_tokens: bool,
     clean_up_spaces: bool,
 ) -> Result<String, String> {
-    let text = tok.decode(ids, skip_special_tokens).map_err(|e| e.to_string())?;
-    Ok(if clean_up_spaces { clean_up_tokenization(&text) } else { text })
+    let text = tok
+        .decode(ids, skip_special_tokens)
+        .map_err(|e| e.to_string())?;
+    Ok(if clean_up_spaces {
+        clean_up_tokenization(&text)
+    } else {
+        text
+    })
 }
 
 /// transformers' `clean_up_tokenization`.
@@ -328,7 +384,9 @@ fn clean_up_tokenization(text: &str) -> String {
         (" 've", "'ve"),
         (" 're", "'re"),
     ];
-    PAIRS.iter().fold(text.to_string(), |acc, (from, to)| acc.replace(from, to))
+    PAIRS
+        .iter()
+        .fold(text.to_string(), |acc, (from, to)| acc.replace(from, to))
 }
 
 /// mlx-lm's `_infer_thinking`: whether the vocab holds a thinking start/end marker pair.
@@ -341,5 +399,7 @@ fn infer_thinking(tok: &tokenizers::Tokenizer) -> bool {
         ("<|channel>", "<channel|>"),
     ];
     pairs.iter().any(|(a, b)| has(a) && has(b))
-        || ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"].iter().all(|t| has(t))
+        || ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+            .iter()
+            .all(|t| has(t))
 }

@@ -13,7 +13,11 @@ pub fn float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     let sci = format!("{x:e}"); // e.g. "-1.2345e-7", "1e16"
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
@@ -30,13 +34,21 @@ pub fn float_repr(x: f64) -> String {
             if n <= int_len {
                 format!("{sign}{digits}{}.0", "0".repeat((int_len - n) as usize))
             } else {
-                format!("{sign}{}.{}", &digits[..int_len as usize], &digits[int_len as usize..])
+                format!(
+                    "{sign}{}.{}",
+                    &digits[..int_len as usize],
+                    &digits[int_len as usize..]
+                )
             }
         } else {
             format!("{sign}0.{}{digits}", "0".repeat((-exp - 1) as usize))
         }
     } else {
-        let m = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
+        let m = if digits.len() > 1 {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        } else {
+            digits
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{m}e{esign}{:02}", exp.abs())
     }
@@ -54,7 +66,11 @@ fn number_str(v: &Value) -> String {
 
 /// Python's `repr(str)`.
 fn str_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -82,7 +98,10 @@ pub fn py_repr(v: &Value) -> String {
     match v.kind() {
         ValueKind::String => str_repr(v.as_str().unwrap_or_default()),
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<String> = v.try_iter().map(|it| it.map(|x| py_repr(&x)).collect()).unwrap_or_default();
+            let items: Vec<String> = v
+                .try_iter()
+                .map(|it| it.map(|x| py_repr(&x)).collect())
+                .unwrap_or_default();
             format!("[{}]", items.join(", "))
         }
         ValueKind::Map => {
@@ -148,7 +167,10 @@ fn json_str(s: &str, ensure_ascii: bool, out: &mut String) {
 }
 
 fn json_err(what: &str) -> Error {
-    Error::new(ErrorKind::InvalidOperation, format!("Object of type {what} is not JSON serializable"))
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!("Object of type {what} is not JSON serializable"),
+    )
 }
 
 /// Python's `json.dumps(value, ...)`.
@@ -223,7 +245,12 @@ fn dump(v: &Value, opts: &JsonOptions, level: usize, out: &mut String) -> Result
                     ValueKind::None => "null".into(),
                     ValueKind::Bool => if k.is_true() { "true" } else { "false" }.into(),
                     ValueKind::Number => number_str(k),
-                    _ => return Err(Error::new(ErrorKind::InvalidOperation, "keys must be str, int, float, bool or None")),
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidOperation,
+                            "keys must be str, int, float, bool or None",
+                        ))
+                    }
                 };
                 json_str(&key, opts.ensure_ascii, out);
                 out.push_str(&opts.key_sep);
@@ -252,10 +279,28 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
-const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const DAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
 
 /// `datetime.now().strftime(fmt)` at `unix_secs` (UTC; the C-locale directives of Python's strftime).
 pub fn strftime(fmt: &str, unix_secs: i64) -> String {
@@ -345,7 +390,10 @@ mod tests {
         // 2024-02-29T13:05:09Z, a Thursday.
         let t = 1_709_211_909;
         assert_eq!(strftime("%d %b %Y", t), "29 Feb 2024");
-        assert_eq!(strftime("%A %B %e %H:%M:%S %p %j %y %%", t), "Thursday February 29 13:05:09 PM 060 24 %");
+        assert_eq!(
+            strftime("%A %B %e %H:%M:%S %p %j %y %%", t),
+            "Thursday February 29 13:05:09 PM 060 24 %"
+        );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
     }
 }

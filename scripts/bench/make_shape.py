@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Writes a random-weight MLX model folder of a real model's shape, for benchmarks.
+
+Usage: make_shape.py SHAPE OUTDIR [--bits 4] [--group-size 64] [--dtype bfloat16]
+SHAPE: smollm2-135m | qwen3-0.6b | llama-3.2-3b | qwen2.5-7b. The weights are mlx-lm's own random
+initialisation (seed 0), quantized with mlx-lm's quantize_model, saved with its save functions; the
+tokenizer is the tiny test tokenizer (benchmarks feed random token ids). Both mlx-gen and mlx-lm load
+the same folder.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.utils import quantize_model, save_config, save_model
+
+SHAPES = {
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, rms_norm_eps=1e-5,
+                         rope_theta=100000.0, tie_word_embeddings=True, max_position_embeddings=8192),
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                       max_position_embeddings=40960),
+    "llama-3.2-3b": dict(model_type="llama", hidden_size=3072, num_hidden_layers=28, intermediate_size=8192,
+                         num_attention_heads=24, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                         max_position_embeddings=131072,
+                         rope_scaling=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                           original_max_position_embeddings=8192, rope_type="llama3")),
+    "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=32768),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("outdir")
+    ap.add_argument("--bits", type=int, default=4, help="0 keeps floats")
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+
+    from mlx_lm.utils import _get_classes  # the architecture classes mlx-lm uses for this model_type
+
+    config = dict(SHAPES[args.shape])
+    mx.random.seed(0)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    dtype = getattr(mx, args.dtype)
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    if args.bits:
+        model, config = quantize_model(model, config, args.group_size, args.bits)
+    out = Path(args.outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(out, model, donate_model=True)
+    config["torch_dtype"] = args.dtype
+    save_config(config, config_path=out / "config.json")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "oracle"))
+    from make_tokenizer import make_tokenizer
+
+    make_tokenizer(out)
+    size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+    print(json.dumps({"shape": args.shape, "dir": str(out), "weight_bytes": size}))
+
+
+if __name__ == "__main__":
+    main()
