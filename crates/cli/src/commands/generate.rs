@@ -2,7 +2,8 @@
 //! streaming, statistics), plus `--output json` for programs.
 use anyhow::{bail, Context, Result};
 use engine::tokenizer::ChatMessage;
-use engine::{GenerateConfig, Generator, LoadedModel, SamplerConfig};
+use super::sampling::SamplingArgs;
+use engine::{GenerateConfig, Generator, LoadedModel};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -19,24 +20,8 @@ pub struct Args {
     /// Maximum number of tokens to generate.
     #[arg(short = 'm', long, default_value_t = 100)]
     max_tokens: usize,
-    /// Sampling temperature (0: greedy).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    temp: f64,
-    /// Nucleus sampling: keep the smallest set of tokens with this probability mass (1: off).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    top_p: f64,
-    /// Keep tokens at least this fraction as likely as the most likely one (0: off).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    min_p: f64,
-    /// Tokens that min-p never removes.
-    #[arg(long, default_value_t = 1)]
-    min_tokens_to_keep: i32,
-    /// Sample only from the k most likely tokens (0: off).
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    top_k: i32,
-    /// Seed of MLX's random generator.
-    #[arg(long)]
-    seed: Option<u64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// A system message placed before the prompt in the chat template.
     #[arg(long)]
     system_prompt: Option<String>,
@@ -73,14 +58,7 @@ struct JsonResult {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let sampler = SamplerConfig {
-        temp: args.temp,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        min_tokens_to_keep: args.min_tokens_to_keep,
-        top_k: args.top_k,
-    };
-    sampler.validate()?;
+    let sampler = args.sampling.sampler_config()?;
     let raw = if args.prompt == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).context("cannot read the prompt from standard input")?;
@@ -93,7 +71,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let loaded = LoadedModel::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
-    if let Some(seed) = args.seed {
+    if let Some(seed) = args.sampling.seed {
         mlx::random::seed(seed)?;
     }
     let tok = &loaded.tokenizer;

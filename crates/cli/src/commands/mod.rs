@@ -1,3 +1,4 @@
 //! One module per subcommand.
 pub mod bench;
 pub mod generate;
+pub mod sampling;
