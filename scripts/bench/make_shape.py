@@ -62,6 +62,7 @@ def main():
     config["torch_dtype"] = args.dtype
     save_config(config, config_path=out / "config.json")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "oracle"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "oracle"))
     from make_tokenizer import make_tokenizer
 
     make_tokenizer(out)

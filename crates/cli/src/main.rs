@@ -1,6 +1,8 @@
 //! `mlx-gen`: generate text with LLMs on Apple's MLX, natively. Parses the command line, picks the
 //! device, runs one command, and turns any error into one line on stderr and exit code 1.
 mod commands;
+mod completions;
+mod progress;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -14,6 +16,9 @@ struct Cli {
     /// Device to run on (default: the GPU when MLX has one, else the CPU).
     #[arg(long, global = true, value_enum)]
     device: Option<DeviceArg>,
+    /// No progress bars or status lines on stderr (they are also hidden when stderr is not a terminal).
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -28,12 +33,31 @@ enum DeviceArg {
 enum Command {
     /// Generate text from a prompt (flags as mlx_lm.generate).
     Generate(commands::generate::Args),
+    /// Chat with a model in the terminal, turn after turn (as mlx_lm.chat).
+    Chat(commands::chat::Args),
     /// Measure prompt and generation speed (as mlx_lm.benchmark).
     Bench(commands::bench::Args),
+    /// Print a shell completion script: `mlx-gen completions bash > /etc/bash_completion.d/mlx-gen`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `mlx-gen man > mlx-gen.1 && man ./mlx-gen.1`.
+    Man,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind::*;
+            if matches!(e.kind(), DisplayHelp | DisplayVersion | DisplayHelpOnMissingArgumentOrSubcommand) {
+                e.exit();
+            }
+            eprintln!("{}", one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -45,6 +69,18 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    progress::set_quiet(cli.quiet);
+    // Commands that need no device: no MLX initialisation on their path.
+    match &cli.command {
+        Some(Command::Completions { shell }) if !cli.version => return completions::completions(*shell, &mut Cli::command()),
+        Some(Command::Man) if !cli.version => return completions::man(Cli::command()),
+        None if !cli.version => {
+            Cli::command().print_help()?;
+            return Ok(());
+        }
+        _ => {}
+    }
     let device = match cli.device {
         Some(DeviceArg::Cpu) => mlx::runtime::Device::Cpu,
         Some(DeviceArg::Gpu) => mlx::runtime::Device::Gpu,
@@ -58,13 +94,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     mlx::runtime::set_default_device(device)?;
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
+        Some(Command::Chat(args)) => commands::chat::run(args),
         Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),
-        None => {
-            use clap::CommandFactory;
-            Cli::command().print_help()?;
-            Ok(())
-        }
+        Some(Command::Completions { .. } | Command::Man) | None => Ok(()),
     }
+}
+
+/// clap's usage error as one line: the error, its tip, and which `--help` to read.
+fn one_line(e: &clap::Error) -> String {
+    use clap::CommandFactory;
+    let text = e.render().to_string();
+    let cmd = Cli::command();
+    let sub = std::env::args().skip(1).find(|a| cmd.get_subcommands().any(|s| s.get_name() == a));
+    let help = match sub {
+        Some(s) => format!("mlx-gen {s} --help"),
+        None => "mlx-gen --help".to_owned(),
+    };
+    let parts: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("Usage: ") && !l.starts_with("For more information"))
+        .collect();
+    format!("{} (see `{help}`)", parts.join("; "))
 }
 
 fn version_line(device: mlx::runtime::Device) -> String {

@@ -1,9 +1,11 @@
 //! The token generator, mlx-lm's `generate_step`: the prompt is prefilled in chunks up to its last
 //! token, then each step queues the next forward pass (async eval) before the current token is
-//! handed out, so the host never waits on the device between tokens.
+//! handed out, so the host never waits on the device between tokens. With logits processors the
+//! token history (prompt, then each sampled token) is kept as a lazy array, as mlx-lm does.
 use crate::cache::KvCache;
 use crate::error::{EngineError, Result};
 use crate::models::Model;
+use crate::sample::processors::extend_history;
 use crate::sample::SamplerConfig;
 use mlx::{async_eval, Array};
 
@@ -37,6 +39,8 @@ pub struct Generator<'m> {
     /// The token being handed out next and its log-probabilities, already queued.
     pending: Option<(Array, Array)>,
     n: usize,
+    /// The latest tokens the logits processors read (prompt, then sampled), when there are any.
+    history: Option<Array>,
 }
 
 impl<'m> Generator<'m> {
@@ -52,11 +56,12 @@ impl<'m> Generator<'m> {
             return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
         }
         config.sampler.validate()?;
+        config.sampler.validate_vocab(model.vocab_size())?;
         if config.prefill_step_size == 0 {
             return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let mut g = Generator { model, cache, config, pending: None, n: 0 };
+        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None };
         let mut rest: &[i32] = &ids;
         while rest.len() > 1 {
             let n = g.config.prefill_step_size.min(rest.len() - 1);
@@ -64,6 +69,9 @@ impl<'m> Generator<'m> {
             g.model.forward(&chunk, &mut g.cache)?;
             let state: Vec<Array> = g.cache.iter().flat_map(|c| c.state()).collect();
             mlx::eval(&state.iter().collect::<Vec<_>>())?;
+            if g.tracks_history() {
+                g.history = Some(extend_history(g.history.take(), &chunk, g.config.sampler.processors.history_needed())?);
+            }
             rest = &rest[n..];
             mlx::runtime::clear_cache();
         }
@@ -78,10 +86,22 @@ impl<'m> Generator<'m> {
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
         let len = input.dim(0);
         let logits = self.model.forward(&input.reshape(&[1, len])?, &mut self.cache)?; // (1, L, vocab)
-        let logits = logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?; // (1, vocab)
+        let mut logits = logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?; // (1, vocab)
+        let processors = &self.config.sampler.processors;
+        if !processors.is_empty() {
+            if self.tracks_history() {
+                self.history = Some(extend_history(self.history.take(), input, processors.history_needed())?);
+            }
+            logits = processors.apply(self.history.as_ref(), &logits)?;
+        }
         let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
         let sampled = self.config.sampler.sample(&logprobs)?; // (1,)
         Ok((sampled, logprobs.squeeze(&[0])?))
+    }
+
+    /// Whether the penalties need the token history.
+    fn tracks_history(&self) -> bool {
+        self.config.sampler.processors.history_needed() != Some(0)
     }
 
     /// The caches, for reuse by a following turn.

@@ -365,6 +365,11 @@ int mlxs_put_along_axis(mlxs_array* out, const mlxs_array a, const mlxs_array in
   return guard([&] { *out = wrap(mx::put_along_axis(arr(a), arr(indices), arr(values), axis)); });
 }
 
+int mlxs_scatter_add_axis(mlxs_array* out, const mlxs_array a, const mlxs_array indices, const mlxs_array values,
+                          int axis) {
+  return guard([&] { *out = wrap(mx::scatter_add_axis(arr(a), arr(indices), arr(values), axis)); });
+}
+
 int mlxs_arange(mlxs_array* out, double start, double stop, double step, int dtype) {
   return guard([&] { *out = wrap(mx::arange(start, stop, step, dtype_of(dtype))); });
 }

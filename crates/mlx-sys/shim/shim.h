@@ -68,6 +68,8 @@ int mlxs_take(mlxs_array* out, const mlxs_array a, const mlxs_array indices, int
 int mlxs_take_along_axis(mlxs_array* out, const mlxs_array a, const mlxs_array indices, int axis);
 int mlxs_put_along_axis(mlxs_array* out, const mlxs_array a, const mlxs_array indices, const mlxs_array values,
                         int axis);
+int mlxs_scatter_add_axis(mlxs_array* out, const mlxs_array a, const mlxs_array indices, const mlxs_array values,
+                           int axis);
 int mlxs_arange(mlxs_array* out, double start, double stop, double step, int dtype);
 int mlxs_full(mlxs_array* out, const int32_t* shape, int ndim, const mlxs_array value, int dtype);
 int mlxs_contiguous(mlxs_array* out, const mlxs_array a);

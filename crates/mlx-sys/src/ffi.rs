@@ -117,6 +117,13 @@ extern "C" {
         values: mlxs_array,
         axis: c_int,
     ) -> c_int;
+    pub fn mlxs_scatter_add_axis(
+        out: *mut mlxs_array,
+        a: mlxs_array,
+        indices: mlxs_array,
+        values: mlxs_array,
+        axis: c_int,
+    ) -> c_int;
     pub fn mlxs_arange(out: *mut mlxs_array, start: c_double, stop: c_double, step: c_double, dtype: c_int)
         -> c_int;
     pub fn mlxs_full(out: *mut mlxs_array, shape: *const i32, ndim: c_int, value: mlxs_array, dtype: c_int)

@@ -348,6 +348,10 @@ pub fn put_along_axis(a: &Handle, indices: &Handle, values: &Handle, axis: i32) 
     make(|o| unsafe { ffi::mlxs_put_along_axis(o, a.raw(), indices.raw(), values.raw(), axis) })
 }
 
+pub fn scatter_add_axis(a: &Handle, indices: &Handle, values: &Handle, axis: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_scatter_add_axis(o, a.raw(), indices.raw(), values.raw(), axis) })
+}
+
 pub fn arange(start: f64, stop: f64, step: f64, dtype: i32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_arange(o, start, stop, step, dtype) })
 }

@@ -175,6 +175,13 @@ impl Array {
             .map(Array::from_handle)
     }
 
+    /// Adds `values` at `indices` along `axis`, accumulating repeated indices in order (`mx.scatter_add_axis`).
+    #[track_caller]
+    pub fn scatter_add_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        ctx("scatter_add_axis", sys::scatter_add_axis(self.handle(), indices.handle(), values.handle(), axis))
+            .map(Array::from_handle)
+    }
+
     /// Forces a row-major copy.
     #[track_caller]
     pub fn contiguous(&self) -> Result<Array> {

@@ -55,6 +55,12 @@ struct JsonResult {
     generation_tps: f64,
     peak_memory_gb: f64,
     finish_reason: &'static str,
+    /// Per token (with --logprobs or --top-logprobs): its log-probability.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Vec<f32>>,
+    /// Per token (with --top-logprobs K): the K most likely [id, logprob], most likely first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -71,9 +77,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let loaded = LoadedModel::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
-    if let Some(seed) = args.sampling.seed {
-        mlx::random::seed(seed)?;
-    }
+    let sampler = args.sampling.for_model(sampler, &loaded)?;
     let tok = &loaded.tokenizer;
     let use_chat_template = !args.ignore_chat_template && tok.has_chat_template();
     let prompt_ids = if use_chat_template {
@@ -104,13 +108,16 @@ pub fn run(args: Args) -> Result<()> {
     mlx::runtime::reset_peak_memory();
     let mut detok = tok.detokenizer();
     let mut tokens = Vec::new();
+    let top_k = args.sampling.top_logprobs;
+    let want_logprobs = json && (args.sampling.logprobs || top_k > 0);
+    let (mut logprobs, mut top_logprobs) = (Vec::new(), Vec::new());
     let mut finish_reason = "length";
     let tic = Instant::now();
     let mut prompt_time = 0.0;
     let mut gen_start = tic;
     let cache = loaded.model.make_cache();
-    let mut generator = Generator::new(loaded.model.as_ref(), &prompt_ids, cache, config)?;
-    while let Some(step) = generator.next() {
+    let generator = Generator::new(loaded.model.as_ref(), &prompt_ids, cache, config)?;
+    for step in generator {
         let step = step?;
         if tokens.is_empty() {
             prompt_time = tic.elapsed().as_secs_f64();
@@ -121,6 +128,11 @@ pub fn run(args: Args) -> Result<()> {
             break;
         }
         tokens.push(step.token);
+        if want_logprobs {
+            let lp = engine::sample::token_logprobs(&step.logprobs, step.token, top_k)?;
+            logprobs.push(lp.logprob);
+            top_logprobs.push(lp.top);
+        }
         detok.add_token(step.token);
         if !json {
             write!(out, "{}", detok.last_segment())?;
@@ -147,6 +159,8 @@ pub fn run(args: Args) -> Result<()> {
             generation_tps,
             peak_memory_gb,
             finish_reason,
+            logprobs: want_logprobs.then_some(logprobs),
+            top_logprobs: (want_logprobs && top_k > 0).then_some(top_logprobs),
         };
         serde_json::to_writer(&mut out, &result)?;
         writeln!(out)?;

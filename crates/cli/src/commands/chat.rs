@@ -1,0 +1,222 @@
+//! `mlx-gen chat`: a multi-turn terminal chat; earlier turns stay in the KV cache so each turn prefills only its new tokens.
+mod input;
+mod render;
+mod session;
+
+use super::sampling::SamplingArgs;
+use anyhow::{bail, Context, Result};
+use engine::{GenerateConfig, Generator, LoadedModel};
+use input::{Input, Reader};
+use render::Renderer;
+use session::Session;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder (config.json, *.safetensors, tokenizer.json with a chat template).
+    #[arg(long)]
+    model: PathBuf,
+    /// Maximum number of tokens per answer.
+    #[arg(short = 'm', long, default_value_t = 512)]
+    max_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// A system message placed first in the conversation (`/system TEXT` changes it).
+    #[arg(long)]
+    system_prompt: Option<String>,
+    /// Keep at most this many positions in the KV cache: the oldest turns are dropped (and the rest prefilled again)
+    /// to make room, and answers are cut to fit.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(16..))]
+    max_kv_size: Option<u32>,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u32).range(1..))]
+    prefill_step_size: u32,
+    /// Do not show `<think>…</think>` reasoning.
+    #[arg(long)]
+    hide_reasoning: bool,
+    /// After each answer: prompt tokens processed (and reused from the cache), tok/s, peak memory.
+    #[arg(long)]
+    verbose: bool,
+}
+
+const HELP: &str = "\
+Commands:
+  /reset         forget the conversation (the system prompt stays)
+  /system TEXT   set the system prompt (empty: remove it)
+  /save FILE     write the conversation as JSON
+  /help          this help
+  /exit          leave (also Ctrl-D; Ctrl-C stops an answer, at the prompt it leaves)
+A line ending in \\ continues on the next line; \"\"\" opens and closes a multi-line block.";
+
+/// Set by Ctrl-C during an answer; the answer stops at the next token.
+static STOP: AtomicBool = AtomicBool::new(false);
+/// An answer is being generated (Ctrl-C stops it rather than leaving).
+static GENERATING: AtomicBool = AtomicBool::new(false);
+
+fn install_ctrl_c() -> Result<()> {
+    ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) && !STOP.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // A second Ctrl-C, or one while waiting for plain (non-terminal) input: leave.
+        let mut out = std::io::stdout();
+        let _ = write!(out, "\x1b[0m");
+        let _ = out.flush();
+        std::process::exit(130);
+    })
+    .context("cannot install the Ctrl-C handler")
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let sampler = args.sampling.sampler_config()?;
+    let (loaded, load_s) = crate::progress::load_model(&args.model)?;
+    if !loaded.tokenizer.has_chat_template() {
+        bail!(
+            "{} has no chat template: chat needs one (use `mlx-gen generate --ignore-chat-template` for raw text)",
+            args.model.display()
+        );
+    }
+    if let Some(seed) = args.sampling.seed {
+        mlx::random::seed(seed)?;
+    }
+    let mut reader = Reader::new()?;
+    let ansi = std::io::stdout().is_terminal();
+    install_ctrl_c()?;
+    if reader.interactive() {
+        eprintln!("Loaded {} in {load_s:.2}s. Type /help for commands, Ctrl-D to leave.", args.model.display());
+    }
+    let mut session = Session::new(&loaded, args.system_prompt.clone(), args.max_kv_size.map(|n| n as usize));
+    loop {
+        let text = match reader.read()? {
+            Input::Message(t) => t,
+            Input::Interrupted | Input::Eof => break,
+        };
+        if let Some(cmd) = text.trim_start().strip_prefix('/') {
+            if !command(cmd.trim(), &mut session, &loaded)? {
+                break;
+            }
+            continue;
+        }
+        turn(&args, sampler.clone(), &loaded, &mut session, text, ansi)?;
+    }
+    Ok(())
+}
+
+/// Runs a slash command; false to leave.
+fn command(cmd: &str, session: &mut Session, loaded: &LoadedModel) -> Result<bool> {
+    let (name, rest) = cmd.split_once(char::is_whitespace).map_or((cmd, ""), |(n, r)| (n, r.trim()));
+    match name {
+        "exit" | "quit" | "bye" => return Ok(false),
+        "help" | "?" => println!("{HELP}"),
+        "reset" | "clear" => {
+            session.reset(loaded);
+            println!("Conversation reset.");
+        }
+        "system" => {
+            session.system = (!rest.is_empty()).then(|| rest.to_owned());
+            println!("{}", if rest.is_empty() { "System prompt removed." } else { "System prompt set." });
+        }
+        "save" if rest.is_empty() => println!("Usage: /save FILE"),
+        "save" => {
+            let json = serde_json::to_string_pretty(&serde_json::json!({ "messages": session.conversation() }))?;
+            match std::fs::write(rest, json + "\n") {
+                Ok(()) => println!("Saved {} messages to {rest}.", session.conversation().len()),
+                Err(e) => println!("Cannot write {rest}: {e}"),
+            }
+        }
+        _ => println!("Unknown command /{name}: type /help for the list."),
+    }
+    Ok(true)
+}
+
+/// One exchange: prefill the new tokens, stream the answer until EOS, the token limit or Ctrl-C.
+fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, session: &mut Session, text: String, ansi: bool) -> Result<()> {
+    let prep = match session.prepare(loaded, text, args.max_tokens) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return Ok(());
+        }
+    };
+    if prep.dropped > 0 && args.verbose {
+        eprintln!("[--max-kv-size: dropped the {} oldest messages]", prep.dropped);
+    }
+    let config = GenerateConfig {
+        max_tokens: Some(prep.max_tokens),
+        prefill_step_size: args.prefill_step_size as usize,
+        sampler,
+    };
+    mlx::runtime::reset_peak_memory();
+    STOP.store(false, Ordering::SeqCst);
+    GENERATING.store(true, Ordering::SeqCst);
+    let mut out = std::io::stdout().lock();
+    let mut renderer = Renderer::new(ansi, args.hide_reasoning);
+    renderer.begin(&mut out, prep.starts_thinking)?;
+    let tic = Instant::now();
+    let new_ids = &prep.ids[prep.reused..];
+    let mut handed = Vec::new();
+    let mut detok = loaded.tokenizer.detokenizer();
+    let (mut prompt_s, mut gen_start) = (0.0, tic);
+    let mut generator = match Generator::new(loaded.model.as_ref(), new_ids, session.take_cache(), config) {
+        Ok(g) => g,
+        Err(e) => {
+            GENERATING.store(false, Ordering::SeqCst);
+            session.reset(loaded);
+            return Err(e).context("cannot process the prompt (the conversation was reset)");
+        }
+    };
+    let mut failure = None;
+    while !STOP.load(Ordering::SeqCst) {
+        let Some(step) = generator.next() else { break };
+        let step = match step {
+            Ok(s) => s,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
+        if handed.is_empty() {
+            prompt_s = tic.elapsed().as_secs_f64();
+            gen_start = Instant::now();
+        }
+        handed.push(step.token);
+        if loaded.is_eos(step.token) {
+            break;
+        }
+        detok.add_token(step.token);
+        renderer.push(&mut out, &detok.last_segment())?;
+        out.flush()?;
+    }
+    let stopped = STOP.load(Ordering::SeqCst);
+    GENERATING.store(false, Ordering::SeqCst);
+    detok.finalize();
+    renderer.push(&mut out, &detok.last_segment())?;
+    renderer.finish(&mut out)?;
+    writeln!(out)?;
+    if stopped {
+        writeln!(out, "[stopped]")?;
+    }
+    out.flush()?;
+    let gen_s = gen_start.elapsed().as_secs_f64();
+    session.restore(generator.into_cache(), &prep.ids, &handed);
+    if let Some(e) = failure {
+        session.reset(loaded);
+        return Err(e).context("generation failed (the conversation was reset)");
+    }
+    session.answer(detok.text().to_owned());
+    if args.verbose {
+        let n = handed.len();
+        eprintln!(
+            "[prompt: {} tokens processed, {} reused from the cache, {:.3} tokens-per-sec | generation: {n} tokens, {:.3} tokens-per-sec | peak memory: {:.3} GB]",
+            new_ids.len(),
+            prep.reused,
+            new_ids.len() as f64 / prompt_s.max(1e-9),
+            if n > 0 { n as f64 / gen_s.max(1e-9) } else { 0.0 },
+            mlx::runtime::peak_memory() as f64 / 1e9
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! Streams an answer to the terminal with `<think>…</think>` reasoning dimmed apart from the answer, or hidden.
+use std::io::{self, Write};
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+/// Splits streamed text into reasoning and answer; tags may arrive split over several pieces.
+pub struct Renderer {
+    thinking: bool,
+    /// Text held back because it may be the start of a tag.
+    held: String,
+    /// Whether ANSI styling is used (stdout is a terminal).
+    ansi: bool,
+    hide: bool,
+    /// Nothing of the answer has been written yet (leading newlines after reasoning are dropped).
+    answer_started: bool,
+    wrote_reasoning: bool,
+}
+
+impl Renderer {
+    pub fn new(ansi: bool, hide: bool) -> Renderer {
+        Renderer { thinking: false, held: String::new(), ansi, hide, answer_started: false, wrote_reasoning: false }
+    }
+
+    /// Starts an answer; `thinking` when the prompt already opened a `<think>` block.
+    pub fn begin(&mut self, out: &mut dyn Write, thinking: bool) -> io::Result<()> {
+        if thinking {
+            self.enter_thinking(out)?;
+        }
+        Ok(())
+    }
+
+    fn enter_thinking(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        self.thinking = true;
+        if !self.hide && self.ansi {
+            write!(out, "{DIM}")?;
+        } else if !self.hide {
+            write!(out, "{OPEN}")?;
+        }
+        Ok(())
+    }
+
+    fn leave_thinking(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        self.thinking = false;
+        if !self.hide && self.ansi {
+            write!(out, "{RESET}")?;
+            if self.wrote_reasoning {
+                writeln!(out, "\n")?;
+            }
+        } else if !self.hide {
+            write!(out, "{CLOSE}")?;
+        }
+        self.answer_started = false;
+        Ok(())
+    }
+
+    fn emit(&mut self, out: &mut dyn Write, text: &str) -> io::Result<()> {
+        if self.thinking {
+            if !self.hide {
+                self.wrote_reasoning |= !text.trim().is_empty();
+                write!(out, "{text}")?;
+            }
+            return Ok(());
+        }
+        let text = if self.answer_started || !self.ansi && !self.hide { text } else { text.trim_start_matches('\n') };
+        self.answer_started |= !text.is_empty();
+        write!(out, "{text}")
+    }
+
+    /// Writes the next piece of streamed text.
+    pub fn push(&mut self, out: &mut dyn Write, piece: &str) -> io::Result<()> {
+        self.held.push_str(piece);
+        loop {
+            let tag = if self.thinking { CLOSE } else { OPEN };
+            if let Some(at) = self.held.find(tag) {
+                let before = self.held[..at].to_owned();
+                self.held.drain(..at + tag.len());
+                self.emit(out, &before)?;
+                if self.thinking {
+                    self.leave_thinking(out)?;
+                } else {
+                    self.enter_thinking(out)?;
+                }
+                continue;
+            }
+            // Keep back the longest tail that could start the tag.
+            let keep = (1..tag.len()).rev().find(|&n| self.held.ends_with(&tag[..n])).unwrap_or(0);
+            let cut = self.held.len() - keep;
+            let ready = self.held[..cut].to_owned();
+            self.held.drain(..cut);
+            self.emit(out, &ready)?;
+            return Ok(());
+        }
+    }
+
+    /// Writes what was held back and leaves the dimmed style.
+    pub fn finish(&mut self, out: &mut dyn Write) -> io::Result<()> {
+        let rest = std::mem::take(&mut self.held);
+        self.emit(out, &rest)?;
+        if self.thinking && self.ansi && !self.hide {
+            write!(out, "{RESET}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Renderer;
+
+    fn run(pieces: &[&str], start: bool, ansi: bool, hide: bool) -> String {
+        let mut out = Vec::new();
+        let mut r = Renderer::new(ansi, hide);
+        r.begin(&mut out, start).unwrap();
+        for p in pieces {
+            r.push(&mut out, p).unwrap();
+        }
+        r.finish(&mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn reasoning_is_dimmed_or_hidden() {
+        let pieces = ["<thi", "nk>\nhmm", "</th", "ink>\n\nHello", " <world"];
+        assert_eq!(run(&pieces, false, true, false), "\x1b[2m\nhmm\x1b[0m\n\nHello <world");
+        assert_eq!(run(&pieces, false, true, true), "Hello <world");
+        assert_eq!(run(&pieces, false, false, false), "<think>\nhmm</think>\n\nHello <world");
+        assert_eq!(run(&["plan</think>ok"], true, true, true), "ok");
+        assert_eq!(run(&["plan</think>ok"], true, true, false), "\x1b[2mplan\x1b[0m\n\nok");
+    }
+}

@@ -1,0 +1,134 @@
+//! The command line itself: `--help`/`--version` start, completions and man page, `bench --json` figures, and every
+//! documented user mistake of `chat`, `bench` and the top level (one `error:` line, exit 1, or 2 for usage).
+mod common;
+
+use serde_json::Value;
+use std::process::Output;
+
+fn run(args: &[&str]) -> Output {
+    common::mlx_gen(args, None)
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One `error:` line naming every needle, exit `code`, no panic.
+#[track_caller]
+fn assert_error(out: &Output, code: i32, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "mlx-gen panicked:\n{stderr}");
+    assert_eq!(out.status.code(), Some(code), "exit status (stderr: {stderr})");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "want exactly one line on stderr, got:\n{stderr}");
+    assert!(lines[0].starts_with("error:"), "{stderr}");
+    for n in needles {
+        assert!(stderr.to_lowercase().contains(&n.to_lowercase()), "stderr does not mention {n:?}: {stderr}");
+    }
+}
+
+#[test]
+fn help_and_version_are_quick() {
+    for args in [&["--help"][..], &["--version"], &["chat", "--help"], &["bench", "--help"]] {
+        let t = std::time::Instant::now();
+        let out = run(args);
+        assert!(t.elapsed().as_secs_f64() < 2.0, "{args:?} took {:?}", t.elapsed());
+        let text = stdout(&out);
+        assert!(!text.is_empty(), "{args:?}");
+    }
+    assert!(stdout(&run(&["--version"])).starts_with("mlx-gen "));
+    assert!(stdout(&run(&["--help"])).contains("chat"));
+}
+
+#[test]
+fn completions_and_man_page() {
+    for (shell, marker) in [("bash", "complete"), ("zsh", "#compdef"), ("fish", "complete -c mlx-gen")] {
+        let text = stdout(&run(&["completions", shell]));
+        assert!(text.contains(marker) && text.contains("chat") && text.contains("max-tokens"), "{shell}: {text}");
+    }
+    let man = stdout(&run(&["man"]));
+    assert!(man.contains(".TH") && man.contains("MLX-GEN-CHAT") && man.contains("hide\\-reasoning"), "{man}");
+}
+
+#[track_caller]
+fn close(a: f64, b: f64, what: &str) {
+    assert!((a - b).abs() <= 0.02 * b.abs().max(1e-9), "{what}: {a} vs {b}");
+}
+
+fn bench(batch: usize) {
+    let dir = common::model("llama3-f32");
+    let (p, g, n) = (24usize, 10usize, 3usize);
+    let b = batch.to_string();
+    let args = ["bench", "--model", dir.to_str().unwrap(), "-p", "24", "-g", "10", "-n", "3", "-b", &b, "--json"];
+    let v: Value = serde_json::from_str(stdout(&run(&args)).trim()).expect("bench --json prints one JSON object");
+    assert_eq!((v["prompt_tokens"].as_u64(), v["generation_tokens"].as_u64()), (Some(p as u64), Some(g as u64)));
+    assert_eq!(v["batch_size"].as_u64(), Some(batch as u64));
+    let load = v["load_s"].as_f64().unwrap();
+    assert!(load > 0.0 && load < 60.0, "load_s {load}");
+    let trials = v["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), n);
+    for t in trials.iter().chain([&v["median"]]) {
+        let f = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {t}"));
+        for k in ["load_s", "ttft_s", "prompt_tps", "generation_tps", "peak_memory_gb", "total_s"] {
+            assert!(f(k) > 0.0 && f(k).is_finite(), "{k} = {} in {t}", f(k));
+        }
+        assert!(f("ttft_s") < f("total_s"), "{t}");
+    }
+    for t in trials {
+        let f = |k: &str| t[k].as_f64().unwrap();
+        // prompt tok/s is the batch's prompt tokens over the time to the first token; generation tok/s the batch's
+        // generated tokens over the time after it.
+        close(f("prompt_tps") * f("ttft_s"), (p * batch) as f64, "prompt tokens");
+        close(f("generation_tps") * (f("total_s") - f("ttft_s")), (g * batch) as f64, "generated tokens");
+    }
+    let med = |k: &str| {
+        let mut xs: Vec<f64> = trials.iter().map(|t| t[k].as_f64().unwrap()).collect();
+        xs.sort_by(f64::total_cmp);
+        xs[1]
+    };
+    for k in ["ttft_s", "prompt_tps", "generation_tps"] {
+        assert_eq!(v["median"][k].as_f64().unwrap(), med(k), "median {k}");
+    }
+}
+
+#[test]
+fn bench_json_is_consistent() {
+    bench(1);
+}
+
+#[test]
+fn bench_json_batched() {
+    bench(3);
+}
+
+#[test]
+fn usage_errors_exit_2_in_one_line() {
+    assert_error(&run(&["chat", "--no-such-flag"]), 2, &["--no-such-flag", "mlx-gen chat --help"]);
+    assert_error(&run(&["bench", "--model", "x", "-p", "many"]), 2, &["many", "mlx-gen bench --help"]);
+    assert_error(&run(&["chat", "--model", "x", "--max-kv-size", "3"]), 2, &["max-kv-size"]);
+    assert_error(&run(&["frobnicate"]), 2, &["frobnicate"]);
+    assert_error(&run(&["completions", "powershell7"]), 2, &["powershell7"]);
+    assert_error(&run(&["chat"]), 2, &["--model"]);
+    assert_error(&run(&["generate", "--model", "x", "--output", "xml"]), 2, &["xml"]);
+    assert_error(&run(&["--device", "tpu", "bench", "--model", "x"]), 2, &["tpu"]);
+}
+
+#[test]
+fn user_errors_exit_1_in_one_line() {
+    assert_error(&run(&["chat", "--model", "/no/such/model"]), 1, &["/no/such/model"]);
+    assert_error(&run(&["bench", "--model", "/no/such/model"]), 1, &["/no/such/model"]);
+    let dir = common::model("llama3-f32");
+    let d = dir.to_str().unwrap();
+    assert_error(&run(&["bench", "--model", d, "-b", "0"]), 1, &["batch-size"]);
+    assert_error(&run(&["chat", "--model", d, "--temp", "-1"]), 1, &["temp"]);
+    // An architecture mlx-gen does not implement.
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cli-unsupported-arch");
+    common::copy_dir(&dir, &tmp);
+    let cfg = tmp.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["model_type"] = "gpt_neox".into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    assert_error(&run(&["chat", "--model", tmp.to_str().unwrap()]), 1, &["gpt_neox", "llama"]);
+    assert_error(&run(&["bench", "--model", tmp.to_str().unwrap(), "-n", "1"]), 1, &["gpt_neox"]);
+}

@@ -1,0 +1,181 @@
+//! Token samplers, as mlx-lm 0.32.2's `sample_utils.make_sampler`: greedy at temperature 0, else top-p, min-p, XTC, top-k (in that order) over the log-probabilities, then a categorical draw.
+//!
+//! Every filter is the same MLX op sequence as mlx-lm's (`@mx.compile`d there; on CPU the compiled
+//! and uncompiled graphs give identical bits, checked in Python), with Python's weak scalar typing,
+//! and the random draws (XTC's `uniform`, then `categorical`) split MLX's global key in the same
+//! order, so one seed gives the same tokens. The logits processors live in [`processors`].
+pub mod logprobs;
+pub mod processors;
+pub mod seed;
+
+use crate::error::{EngineError, Result};
+use mlx::{ops, random, Array, Dtype};
+
+pub use logprobs::{token_logprobs, TokenLogprobs};
+pub use processors::LogitsProcessors;
+pub use seed::{init_random_draws, seed_as_mlx_lm, xtc_special_tokens};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerConfig {
+    /// 0: greedy (argmax).
+    pub temp: f64,
+    /// Nucleus mass; applied when 0 < top_p < 1.
+    pub top_p: f64,
+    /// Applied when != 0.
+    pub min_p: f64,
+    /// Tokens min-p never removes (>= 1).
+    pub min_tokens_to_keep: i32,
+    /// Applied when > 0.
+    pub top_k: i32,
+    /// XTC ("exclude top choices") is applied when > 0, with this probability per token.
+    pub xtc_probability: f64,
+    /// XTC removes every token above this probability but the least likely of them; in [0, 0.5].
+    pub xtc_threshold: f64,
+    /// Tokens XTC never removes; mlx_lm.generate uses `encode("\n") + eos_token_ids`
+    /// ([`xtc_special_tokens`]).
+    pub xtc_special_tokens: Vec<u32>,
+    /// Logit bias and penalties, applied to the logits before the log-softmax (mlx-lm's
+    /// `make_logits_processors`).
+    pub processors: LogitsProcessors,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            temp: 0.0,
+            top_p: 0.0,
+            min_p: 0.0,
+            min_tokens_to_keep: 1,
+            top_k: 0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            xtc_special_tokens: Vec::new(),
+            processors: LogitsProcessors::default(),
+        }
+    }
+}
+
+fn invalid<T>(m: String) -> Result<T> {
+    Err(EngineError::Invalid(m))
+}
+
+impl SamplerConfig {
+    /// Rejects values mlx-lm would reject (or silently misuse).
+    pub fn validate(&self) -> Result<()> {
+        if !self.temp.is_finite() || self.temp < 0.0 {
+            return invalid(format!("temperature must be a number >= 0, got {}", self.temp));
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return invalid(format!("top_p must be in [0, 1] (0 or 1 turn it off), got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return invalid(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if self.min_tokens_to_keep < 1 {
+            return invalid(format!("min_tokens_to_keep must be >= 1, got {}", self.min_tokens_to_keep));
+        }
+        if self.top_k < 0 {
+            return invalid(format!("top_k must be >= 0 (0 turns it off), got {}", self.top_k));
+        }
+        if !(0.0..=1.0).contains(&self.xtc_probability) {
+            return invalid(format!("xtc_probability must be in [0, 1] (0 turns it off), got {}", self.xtc_probability));
+        }
+        if !(0.0..=0.5).contains(&self.xtc_threshold) {
+            return invalid(format!("xtc_threshold must be in [0, 0.5], got {}", self.xtc_threshold));
+        }
+        self.processors.validate()
+    }
+
+    /// Checks the settings that depend on the vocabulary size (top-k, token ids).
+    pub fn validate_vocab(&self, vocab: i32) -> Result<()> {
+        if self.temp != 0.0 && self.top_k > 0 && self.top_k >= vocab {
+            return invalid(format!("top_k must be below the vocabulary size {vocab}, got {}", self.top_k));
+        }
+        self.processors.validate_vocab(vocab)
+    }
+
+    /// Whether sampling is the argmax (no random draws).
+    pub fn is_greedy(&self) -> bool {
+        self.temp == 0.0
+    }
+
+    /// logprobs (1, vocab) -> token (1,)
+    pub fn sample(&self, logprobs: &Array) -> Result<Array> {
+        if self.temp == 0.0 {
+            return Ok(logprobs.argmax(-1, false)?);
+        }
+        let mut lp = logprobs.clone();
+        if 0.0 < self.top_p && self.top_p < 1.0 {
+            lp = apply_top_p(&lp, self.top_p)?;
+        }
+        if self.min_p != 0.0 {
+            lp = apply_min_p(&lp, self.min_p, self.min_tokens_to_keep)?;
+        }
+        if self.xtc_probability > 0.0 {
+            lp = apply_xtc(&lp, self.xtc_probability, self.xtc_threshold, &self.xtc_special_tokens)?;
+        }
+        if self.top_k > 0 {
+            lp = apply_top_k(&lp, self.top_k)?;
+        }
+        Ok(random::categorical(&lp.mul_scalar(1.0 / self.temp)?, -1)?)
+    }
+}
+
+fn neg_inf_like(x: &Array) -> Result<Array> {
+    Ok(Array::scalar(f64::NEG_INFINITY, x.dtype())?)
+}
+
+/// `apply_top_p`: drops the least likely tokens whose total mass stays below 1 - top_p.
+pub fn apply_top_p(logprobs: &Array, top_p: f64) -> Result<Array> {
+    let sorted = logprobs.sort(-1)?;
+    let sorted_probs = sorted.astype(Dtype::F32)?.exp()?;
+    let mass_above = sorted_probs.cumsum(-1, true, false)?;
+    let total = mass_above.slice_axis(-1, 0, 1)?.add(&sorted_probs.slice_axis(-1, 0, 1)?)?;
+    let num_dropped = mass_above.ge(&total.mul_scalar(top_p)?)?.sum(&[-1], true)?;
+    let threshold = sorted.take_along_axis(&num_dropped, -1)?;
+    Ok(ops::where_(&logprobs.lt(&threshold)?, &neg_inf_like(logprobs)?, logprobs)?)
+}
+
+/// `apply_min_p`: drops tokens less likely than `min_p` times the top one, keeping at least
+/// `min_tokens_to_keep`.
+pub fn apply_min_p(logprobs: &Array, min_p: f64, min_tokens_to_keep: i32) -> Result<Array> {
+    let top = logprobs.max(&[-1], true)?;
+    let scaled_min_p = top.add_scalar(min_p.ln())?;
+    let mut remove = logprobs.lt(&scaled_min_p)?;
+    if min_tokens_to_keep > 1 {
+        let k = min_tokens_to_keep;
+        let top_idx = logprobs.argpartition(-k, -1)?.slice_axis(-1, -k, i32::MAX)?;
+        remove = remove.put_along_axis(&top_idx, &Array::scalar(0.0, Dtype::Bool)?, -1)?;
+    }
+    Ok(ops::where_(&remove, &neg_inf_like(logprobs)?, logprobs)?)
+}
+
+/// `apply_xtc`: with probability `probability` (one uniform draw), removes every token above
+/// `threshold` but the least likely of them; `special` tokens are never removed.
+pub fn apply_xtc(logits: &Array, probability: f64, threshold: f64, special: &[u32]) -> Result<Array> {
+    let probs = logits.softmax(&[-1], false)?;
+    let inf = Array::scalar(f64::INFINITY, probs.dtype())?;
+    let above = ops::where_(&probs.gt_scalar(threshold)?, &probs, &inf)?;
+    let mut mask = probs.gt(&above.min(&[-1], true)?)?;
+    if special.iter().any(|&t| (t as i64) < i64::from(logits.dim(-1))) {
+        // Ids outside the vocabulary (undefined behaviour in mlx-lm's scatter) are skipped.
+        let vocab = logits.dim(-1);
+        let ids: Vec<i32> = special.iter().map(|&t| t as i32).filter(|&t| t >= 0 && t < vocab).collect();
+        let rows = logits.dim(0);
+        let idx = Array::from_slice(&ids.repeat(rows as usize), &[rows, ids.len() as i32])?;
+        mask = mask.put_along_axis(&idx, &Array::scalar(0.0, Dtype::Bool)?, -1)?;
+    }
+    let draw = random::uniform(&[], Dtype::F32)?;
+    let removed = ops::where_(&mask, &neg_inf_like(logits)?, logits)?;
+    Ok(ops::where_(&draw.gt_scalar(probability)?, logits, &removed)?)
+}
+
+/// `apply_top_k`: keeps the `top_k` most likely tokens.
+pub fn apply_top_k(logprobs: &Array, top_k: i32) -> Result<Array> {
+    let vocab = logprobs.dim(-1);
+    if top_k >= vocab {
+        return invalid(format!("top_k must be below the vocabulary size {vocab}, got {top_k}"));
+    }
+    let mask_idx = logprobs.neg()?.argpartition(top_k - 1, -1)?.slice_axis(-1, top_k, i32::MAX)?;
+    Ok(logprobs.put_along_axis(&mask_idx, &neg_inf_like(logprobs)?, -1)?)
+}

@@ -1,0 +1,85 @@
+//! Seeding as `mlx_lm.generate --seed` does: `mx.random.seed` runs before the model is built, and building it draws from MLX's global key (one split per random initializer), so the sampler starts from a key advanced by that many splits.
+//!
+//! mlx-lm builds every `nn.Linear` (one `uniform` for the weight, one more for a bias) and
+//! `nn.Embedding` (one `normal`) with random values before loading the checkpoint over them, and
+//! `nn.quantize` builds each quantized layer again (one more draw). The count is read from the
+//! checkpoint's tensor names and shapes: every matrix `*.weight` (or quantized one, with
+//! `*.scales`) is one draw, plus one for its `*.bias` and one if it is quantized.
+use crate::error::{EngineError, Result};
+use crate::load::LoadedModel;
+use mlx::{random, Dtype};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Seeds MLX's global key and advances it past the draws mlx-lm makes while loading `model`.
+pub fn seed_as_mlx_lm(seed: u64, model: &LoadedModel) -> Result<()> {
+    let draws = init_random_draws(&model.path, &model.config)?;
+    random::seed(seed)?;
+    for _ in 0..draws {
+        // Splits the global key; the draw itself is never evaluated.
+        drop(random::uniform(&[], Dtype::F32)?);
+    }
+    Ok(())
+}
+
+/// The tokens XTC never removes in mlx_lm.generate: `tokenizer.encode("\n") + eos_token_ids`.
+pub fn xtc_special_tokens(model: &LoadedModel) -> Result<Vec<u32>> {
+    let mut ids = model.tokenizer.encode("\n", true)?;
+    ids.extend(model.eos_token_ids.iter().copied());
+    Ok(ids)
+}
+
+/// (name -> (shape)) of every tensor in `dir`'s `model*.safetensors` headers.
+fn tensor_shapes(dir: &Path) -> Result<HashMap<String, Vec<i64>>> {
+    let mut shapes = HashMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(shapes) };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("model") && name.ends_with(".safetensors")) {
+            continue;
+        }
+        let path = e.path();
+        let bytes = read_header(&path).map_err(|m| EngineError::file(&path, m))?;
+        let header: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| EngineError::file(&path, format!("bad safetensors header: {e}")))?;
+        for (k, v) in header.as_object().into_iter().flatten() {
+            if let Some(s) = v.get("shape").and_then(|s| s.as_array()) {
+                shapes.insert(k.clone(), s.iter().filter_map(|x| x.as_i64()).collect());
+            }
+        }
+    }
+    Ok(shapes)
+}
+
+fn read_header(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let len = u64::from_le_bytes(len);
+    if len > 100_000_000 {
+        return Err(format!("safetensors header of {len} bytes"));
+    }
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact(&mut buf).map_err(|e| e.to_string())?;
+    Ok(buf)
+}
+
+/// How many times mlx-lm's `load` splits MLX's global key for the model in `dir`.
+pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize> {
+    let shapes = tensor_shapes(dir)?;
+    let tied = config.get("tie_word_embeddings").and_then(|v| v.as_bool()) == Some(true);
+    let mut draws = 0;
+    for (name, shape) in &shapes {
+        let Some(base) = name.strip_suffix(".weight") else { continue };
+        if tied && base.ends_with("lm_head") {
+            continue; // sanitize drops it: no module
+        }
+        let quantized = shapes.contains_key(&format!("{base}.scales"));
+        if shape.len() != 2 && !quantized {
+            continue; // norms and other vectors: initialised with ones/zeros
+        }
+        draws += 1 + usize::from(quantized) + usize::from(shapes.contains_key(&format!("{base}.bias")));
+    }
+    Ok(draws)
+}
