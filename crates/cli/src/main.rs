@@ -92,6 +92,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     mlx::runtime::set_default_device(device)?;
+    if std::env::var_os("MLX_GEN_NEW_STREAM").is_some() {
+        mlx::runtime::use_new_stream()?;
+    }
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

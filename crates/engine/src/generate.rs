@@ -41,6 +41,22 @@ pub struct Generator<'m> {
     n: usize,
     /// The latest tokens the logits processors read (prompt, then sampled), when there are any.
     history: Option<Array>,
+    /// With MLX_GEN_TRACE set: seconds spent building+queueing steps, waiting for tokens, and steps.
+    timing: Option<(f64, f64, usize)>,
+}
+
+impl Drop for Generator<'_> {
+    fn drop(&mut self) {
+        if let Some((build, wait, n)) = self.timing {
+            if n > 0 {
+                eprintln!(
+                    "trace: {n} tokens, build+queue {:.3} ms/token, wait {:.3} ms/token",
+                    1e3 * build / n as f64,
+                    1e3 * wait / n as f64
+                );
+            }
+        }
+    }
 }
 
 impl<'m> Generator<'m> {
@@ -61,7 +77,7 @@ impl<'m> Generator<'m> {
             return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None };
+        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing: std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0)) };
         let mut rest: &[i32] = &ids;
         while rest.len() > 1 {
             let n = g.config.prefill_step_size.min(rest.len() - 1);
@@ -105,8 +121,8 @@ impl<'m> Generator<'m> {
     }
 
     /// The caches, for reuse by a following turn.
-    pub fn into_cache(self) -> Vec<Box<dyn KvCache>> {
-        self.cache
+    pub fn into_cache(mut self) -> Vec<Box<dyn KvCache>> {
+        std::mem::take(&mut self.cache)
     }
 
     /// Tokens handed out so far.
@@ -120,12 +136,19 @@ impl<'m> Generator<'m> {
         }
         let Some((y, logprobs)) = self.pending.take() else { return Ok(None) };
         // Queue the next step before waiting on this one (skipped when this is the last token).
+        let t0 = std::time::Instant::now();
         if self.config.max_tokens != Some(self.n + 1) {
             let next = self.step(&y)?;
             async_eval(&[&next.0, &next.1])?;
             self.pending = Some(next);
         }
+        let t1 = std::time::Instant::now();
         let token = y.item::<u32>()?;
+        if let Some(t) = self.timing.as_mut() {
+            t.0 += (t1 - t0).as_secs_f64();
+            t.1 += t1.elapsed().as_secs_f64();
+            t.2 += 1;
+        }
         if self.n.is_multiple_of(256) {
             mlx::runtime::clear_cache();
         }

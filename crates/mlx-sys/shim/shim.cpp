@@ -120,6 +120,13 @@ int mlxs_set_default_device(int gpu) {
   return guard([&] { mx::set_default_device(gpu ? mx::Device::gpu : mx::Device::cpu); });
 }
 
+int mlxs_new_default_stream(void) {
+  return guard([&] {
+    auto s = mx::new_stream(mx::default_device());
+    mx::set_default_stream(s);
+  });
+}
+
 int mlxs_device_name(char* buf, size_t len) {
   return guard([&] {
     std::string name = "cpu";
@@ -200,8 +207,13 @@ size_t mlxs_array_nbytes(const mlxs_array a) {
 int mlxs_array_to_host(const mlxs_array a, int dtype, void* buf, size_t nbytes) {
   return guard([&] {
     auto dt = dtype_of(dtype);
-    auto b = mx::contiguous(a->a.dtype() == dt ? a->a : mx::astype(a->a, dt));
+    auto b = a->a;
     b.eval();
+    // Only add a conversion to the graph when the evaluated array is not already what we want.
+    if (b.dtype() != dt || !b.flags().row_contiguous) {
+      b = mx::contiguous(mx::astype(b, dt));
+      b.eval();
+    }
     if (b.nbytes() != nbytes) {
       throw std::invalid_argument("host buffer of " + std::to_string(nbytes) + " bytes for an array of " +
                                   std::to_string(b.nbytes()));

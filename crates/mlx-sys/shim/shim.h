@@ -22,6 +22,7 @@ const char* mlxs_version(void);
 int mlxs_gpu_available(void);
 int mlxs_set_default_device(int gpu);
 int mlxs_device_name(char* buf, size_t len);
+int mlxs_new_default_stream(void);
 
 /* array lifecycle and host access */
 void mlxs_array_free(mlxs_array a);

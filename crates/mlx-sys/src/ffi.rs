@@ -21,6 +21,7 @@ extern "C" {
     pub fn mlxs_gpu_available() -> c_int;
     pub fn mlxs_set_default_device(gpu: c_int) -> c_int;
     pub fn mlxs_device_name(buf: *mut c_char, len: usize) -> c_int;
+    pub fn mlxs_new_default_stream() -> c_int;
 
     pub fn mlxs_array_free(a: mlxs_array);
     pub fn mlxs_array_clone(out: *mut mlxs_array, a: mlxs_array) -> c_int;

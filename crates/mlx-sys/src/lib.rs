@@ -100,6 +100,11 @@ pub fn set_default_device(gpu: bool) -> Result<()> {
     check(unsafe { ffi::mlxs_set_default_device(c_int::from(gpu)) })
 }
 
+/// Makes a fresh stream on the default device the default stream (mlx-lm's `generation_stream`).
+pub fn new_default_stream() -> Result<()> {
+    check(unsafe { ffi::mlxs_new_default_stream() })
+}
+
 pub fn device_name() -> Result<String> {
     let mut buf = vec![0u8; 256];
     check(unsafe { ffi::mlxs_device_name(buf.as_mut_ptr().cast(), buf.len()) })?;

@@ -39,6 +39,12 @@ pub fn set_default_device(device: Device) -> Result<()> {
     ctx("set device", mlx_sys::set_default_device(device == Device::Gpu))
 }
 
+/// Sends all following work to a new stream of the default device, as mlx-lm's generation stream.
+#[track_caller]
+pub fn use_new_stream() -> Result<()> {
+    ctx("new stream", mlx_sys::new_default_stream())
+}
+
 /// The name of the current default device as MLX reports it.
 #[track_caller]
 pub fn device_name() -> Result<String> {
