@@ -5,7 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${MLX_GEN_ORACLE_VENV:-$root/.venv-oracle}
-marker="$venv/.mlx-gen-oracle-v1"
+marker="$venv/.mlx-gen-oracle-v2"
 if [ ! -f "$marker" ]; then
   mkdir -p "$(dirname "$venv")"
   exec 9>"$venv.lock"
@@ -14,7 +14,7 @@ if [ ! -f "$marker" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv" >&2
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      mlx==0.32.4 mlx-cpu==0.32.4 mlx-lm==0.32.2 >&2
+      mlx==0.32.4 mlx-cpu==0.32.4 mlx-lm==0.32.2 gguf==0.19.0 >&2
     touch "$marker"
   fi
 fi

@@ -8,8 +8,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 model=${1:-$root/target/bench-models/qwen3-0.6b-q4}
-tokens=${2:-128}
-rounds=${3:-5}
+tokens=${2:-64}
+rounds=${3:-3}
 py=$("$root/scripts/oracle-venv.sh")
 if [ ! -f "$model/config.json" ]; then
   "$py" "$root/scripts/bench/make_shape.py" qwen3-0.6b "$model" >&2

@@ -1,6 +1,7 @@
 //! `mlx-gen`: generate text with LLMs on Apple's MLX, natively. Parses the command line, picks the
 //! device, runs one command, and turns any error into one line on stderr and exit code 1.
 mod commands;
+mod model_arg;
 mod completions;
 mod progress;
 

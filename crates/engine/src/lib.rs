@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod default_model;
 mod error;
 pub mod generate;
 pub mod gguf;

@@ -11,9 +11,9 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder.
+    /// Model folder or .gguf file (default: SmolLM2-135M-Instruct, fetched on first use).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Prompt length in tokens.
     #[arg(short = 'p', long = "prompt-tokens", default_value_t = 512)]
     prompt_tokens: usize,
@@ -64,7 +64,8 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     if args.prefill_step_size == 0 {
         bail!("--prefill-step-size must be at least 1");
     }
-    let (loaded, load_s) = crate::progress::load_model(&args.model)?;
+    let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let (loaded, load_s) = crate::progress::load_model(&model_dir)?;
 
     // As mlx_lm.benchmark: seed 0, then a uniform random prompt over the vocabulary.
     mlx::random::seed(0)?;
@@ -107,7 +108,7 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         total_s: median(trials.iter().map(|t| t.total_s)),
     };
     let report = Report {
-        model: args.model.display().to_string(),
+        model: model_dir.display().to_string(),
         device: device.to_owned(),
         prompt_tokens: args.prompt_tokens,
         generation_tokens: args.generation_tokens,

@@ -16,9 +16,9 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder (config.json, *.safetensors, tokenizer.json with a chat template).
+    /// Model folder or .gguf file (default: SmolLM2-135M-Instruct, fetched on first use).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Maximum number of tokens per answer.
     #[arg(short = 'm', long, default_value_t = 512)]
     max_tokens: usize,
@@ -72,11 +72,12 @@ fn install_ctrl_c() -> Result<()> {
 
 pub fn run(args: Args) -> Result<()> {
     let sampler = args.sampling.sampler_config()?;
-    let (loaded, load_s) = crate::progress::load_model(&args.model)?;
+    let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let (loaded, load_s) = crate::progress::load_model(&model_dir)?;
     if !loaded.tokenizer.has_chat_template() {
         bail!(
             "{} has no chat template: chat needs one (use `mlx-gen generate --ignore-chat-template` for raw text)",
-            args.model.display()
+            model_dir.display()
         );
     }
     if let Some(seed) = args.sampling.seed {
@@ -86,7 +87,7 @@ pub fn run(args: Args) -> Result<()> {
     let ansi = std::io::stdout().is_terminal();
     install_ctrl_c()?;
     if reader.interactive() {
-        eprintln!("Loaded {} in {load_s:.2}s. Type /help for commands, Ctrl-D to leave.", args.model.display());
+        eprintln!("Loaded {} in {load_s:.2}s. Type /help for commands, Ctrl-D to leave.", model_dir.display());
     }
     let mut session = Session::new(&loaded, args.system_prompt.clone(), args.max_kv_size.map(|n| n as usize));
     loop {

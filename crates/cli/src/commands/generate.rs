@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use engine::tokenizer::ChatMessage;
 use super::sampling::SamplingArgs;
-use engine::{GenerateConfig, Generator, LoadedModel};
+use engine::{GenerateConfig, Generator};
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -11,9 +11,9 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model folder (config.json, *.safetensors, tokenizer.json).
+    /// Model folder or .gguf file (default: SmolLM2-135M-Instruct, fetched on first use).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// The prompt; `-` reads it from standard input.
     #[arg(short, long, default_value = "hello")]
     prompt: String,
@@ -76,7 +76,8 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the prompt is empty: give some text with --prompt (or on standard input with --prompt -)");
     }
 
-    let loaded = LoadedModel::load(&args.model).with_context(|| format!("cannot load {}", args.model.display()))?;
+    let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let (loaded, _) = crate::progress::load_model(&model_dir)?;
     let sampler = args.sampling.for_model(sampler, &loaded)?;
     let tok = &loaded.tokenizer;
     let use_chat_template = !args.ignore_chat_template && tok.has_chat_template();

@@ -50,14 +50,19 @@ fn gguf_row_of_hf(hf_row: usize, head_dim: usize) -> usize {
     h * head_dim + j * 2 + i
 }
 
+/// (rows, rows per head) of `len` elements in rows of `row_len`, checked for a permutation.
+fn heads_of(len: usize, n_heads: usize, row_len: usize) -> Result<(usize, usize), GgufError> {
+    let rows = len / row_len.max(1);
+    if n_heads == 0 || !rows.is_multiple_of(n_heads) || !(rows / n_heads).is_multiple_of(2) || rows * row_len != len {
+        return Err(GgufError::Corrupt(format!("cannot split {rows} rows into {n_heads} heads of row pairs")));
+    }
+    Ok((rows, rows / n_heads))
+}
+
 /// Undoes llama.cpp's Q/K permutation on `rows` rows of `row_len` elements each (any element type,
 /// so packed quantized rows and their scales too): HF row (h, i, j) = GGUF row (h, j, i).
 pub fn unpermute_rows<T: Copy>(data: &[T], n_heads: usize, row_len: usize) -> Result<Vec<T>, GgufError> {
-    let rows = data.len() / row_len.max(1);
-    if n_heads == 0 || rows % n_heads != 0 || (rows / n_heads) % 2 != 0 || rows * row_len != data.len() {
-        return Err(GgufError::Corrupt(format!("cannot unpermute {rows} rows into {n_heads} heads")));
-    }
-    let hd = rows / n_heads;
+    let (rows, hd) = heads_of(data.len(), n_heads, row_len)?;
     let mut out = Vec::with_capacity(data.len());
     for r in 0..rows {
         let src = gguf_row_of_hf(r, hd);
@@ -68,11 +73,7 @@ pub fn unpermute_rows<T: Copy>(data: &[T], n_heads: usize, row_len: usize) -> Re
 
 /// llama.cpp's permutation itself (the inverse of [`unpermute_rows`]), for tests.
 pub fn permute_rows<T: Copy>(data: &[T], n_heads: usize, row_len: usize) -> Result<Vec<T>, GgufError> {
-    let rows = data.len() / row_len.max(1);
-    if n_heads == 0 || rows % n_heads != 0 || (rows / n_heads) % 2 != 0 || rows * row_len != data.len() {
-        return Err(GgufError::Corrupt(format!("cannot permute {rows} rows into {n_heads} heads")));
-    }
-    let hd = rows / n_heads;
+    let (rows, hd) = heads_of(data.len(), n_heads, row_len)?;
     let mut out = data.to_vec();
     for r in 0..rows {
         let dst = gguf_row_of_hf(r, hd);
@@ -104,7 +105,9 @@ pub fn arch_config(g: &GgufFile) -> Result<Arch, GgufError> {
     }
     let key = |k: &str| g.get(&format!("{arch}.{k}"));
     let int = |k: &str| -> Result<u64, GgufError> {
-        key(k).and_then(Value::as_u64).ok_or_else(|| GgufError::Corrupt(format!("metadata {arch}.{k} is missing or not an integer")))
+        key(k)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| GgufError::Corrupt(format!("metadata {arch}.{k} is missing or not an integer")))
     };
     let hidden = int("embedding_length")?;
     let n_heads = int("attention.head_count")?;
@@ -115,7 +118,8 @@ pub fn arch_config(g: &GgufFile) -> Result<Arch, GgufError> {
     let embd = g.tensor("token_embd.weight").ok_or_else(|| GgufError::Corrupt("no token_embd.weight tensor".into()))?;
     let vocab = *embd.dims.get(1).unwrap_or(&0);
     let mut c = Map::new();
-    let (hf_arch, default_theta) = if arch == "llama" { ("LlamaForCausalLM", 10000.0) } else { ("Qwen2ForCausalLM", 1e6) };
+    let (hf_arch, default_theta) =
+        if arch == "llama" { ("LlamaForCausalLM", 10000.0) } else { ("Qwen2ForCausalLM", 1e6) };
     c.insert("architectures".into(), json!([hf_arch]));
     c.insert("model_type".into(), json!(arch));
     c.insert("hidden_size".into(), json!(hidden));

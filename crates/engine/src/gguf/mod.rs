@@ -44,7 +44,8 @@ impl From<mlx::Error> for GgufError {
 pub struct ImportOptions {
     /// `Some(dtype)`: store every weight dequantized, as floats of this dtype. `None` (the default):
     /// keep Q4_0/Q4_1/Q8_0 exactly and requantize other 2-D weights with `q_bits`/`q_group_size`;
-    /// floats (norms, biases, unquantizable weights) are then float16.
+    /// floats (scales, norms, biases, unquantizable weights) are then float32, which holds GGUF's
+    /// float16 scales and float32 norms exactly.
     pub dtype: Option<Dtype>,
     pub q_bits: i32,
     pub q_group_size: i32,
@@ -130,7 +131,8 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
     tokenizers::Tokenizer::from_bytes(tok_text.as_bytes())
         .map_err(|e| GgufError::Unsupported(format!("the converted tokenizer does not load: {e}")))?;
 
-    let float_dtype = opts.dtype.unwrap_or(Dtype::F16);
+    // float32 keeps GGUF's f16 scales and f32 norms exactly, and is what MLX's CPU backend runs fast.
+    let float_dtype = opts.dtype.unwrap_or(Dtype::F32);
     let requant = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
     let mut file = fs::File::open(gguf).map_err(|e| io(gguf, e))?;
     let mut out: Vec<(String, Array)> = Vec::new();
@@ -140,8 +142,9 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
         if convert::ignored(&t.name) {
             continue;
         }
-        let hf = hf_name(&t.name)
-            .ok_or_else(|| GgufError::Unsupported(format!("tensor {} has no place in a {} model", t.name, arch.name)))?;
+        let hf = hf_name(&t.name).ok_or_else(|| {
+            GgufError::Unsupported(format!("tensor {} has no place in a {} model", t.name, arch.name))
+        })?;
         let heads = match t.name.rsplit('.').nth(1) {
             Some("attn_q") if arch.name == "llama" => Some(arch.n_heads as usize),
             Some("attn_k") if arch.name == "llama" => Some(arch.n_kv_heads as usize),
@@ -149,7 +152,8 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
         };
         let data = g.read_tensor(&mut file, t)?;
         let shape = t.shape();
-        let (rows, cols) = if t.dims.len() == 2 { (t.dims[1] as usize, t.dims[0] as usize) } else { (t.n_elements() as usize, 1) };
+        let (rows, cols) =
+            if t.dims.len() == 2 { (t.dims[1] as usize, t.dims[0] as usize) } else { (t.n_elements() as usize, 1) };
         if t.dims.len() > 2 {
             return Err(GgufError::Unsupported(format!("tensor {} has {} dimensions", t.name, t.dims.len())));
         }
@@ -168,8 +172,8 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
             }
             let (r, wc, gc) = (rows as i32, wcols as i32, groups as i32);
             out.push((hf.clone(), Array::from_slice(&w, &[r, wc])?));
-            out.push((format!("{layer}.scales"), f16_array(&s, &[r, gc])?));
-            out.push((format!("{layer}.biases"), f16_array(&b, &[r, gc])?));
+            out.push((format!("{layer}.scales"), f16_array(&s, &[r, gc])?.astype(float_dtype)?));
+            out.push((format!("{layer}.biases"), f16_array(&b, &[r, gc])?.astype(float_dtype)?));
             specs.insert(layer.clone(), QuantSpec { group_size: 32, bits: p.bits });
             summary.lossless += 1;
             summary.tensors += 1;
@@ -185,7 +189,8 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
         }
         let a = Array::from_slice(&values, &shape)?.astype(float_dtype)?;
         drop(values);
-        let quantize = opts.dtype.is_none() && t.dims.len() == 2 && layer.is_some() && cols % opts.q_group_size as usize == 0;
+        let quantize =
+            opts.dtype.is_none() && t.dims.len() == 2 && layer.is_some() && cols % opts.q_group_size as usize == 0;
         if let (true, Some(layer)) = (quantize, &layer) {
             let (w, s, b) = mlx::ops::quantize(&a, requant)?;
             mlx::eval(&[&w, &s, &b])?;
@@ -246,6 +251,3 @@ fn most_common<'a>(specs: impl Iterator<Item = &'a QuantSpec>) -> Option<QuantSp
     }
     counts.into_iter().max_by_key(|(_, n)| *n).map(|(s, _)| s)
 }
-
-#[path = "../default_model.rs"]
-pub mod default_model;

@@ -137,7 +137,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, GgufError> {
     use GgmlType::*;
     let (qk, bs) = ty.block();
     let (qk, bs) = (qk as usize, bs as usize);
-    if data.len() % bs != 0 {
+    if !data.len().is_multiple_of(bs) {
         return Err(GgufError::Corrupt(format!("{ty:?} data of {} bytes is not whole blocks", data.len())));
     }
     let mut y = Vec::with_capacity(data.len() / bs * qk);

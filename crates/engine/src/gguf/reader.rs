@@ -128,7 +128,9 @@ impl<R: Read> Cursor<R> {
             )));
         }
         let mut buf = vec![0u8; n as usize];
-        self.r.read_exact(&mut buf).map_err(|e| GgufError::Corrupt(format!("reading {what} at offset {}: {e}", self.pos)))?;
+        self.r
+            .read_exact(&mut buf)
+            .map_err(|e| GgufError::Corrupt(format!("reading {what} at offset {}: {e}", self.pos)))?;
         self.pos += n;
         Ok(buf)
     }
@@ -197,7 +199,9 @@ impl GgufFile {
         let file = File::open(path).map_err(|e| GgufError::Io(format!("{}: {e}", path.display())))?;
         let len = file.metadata().map_err(|e| GgufError::Io(format!("{}: {e}", path.display())))?.len();
         let mut c = Cursor { r: BufReader::with_capacity(1 << 20, file), pos: 0, len };
-        let magic = c.bytes(4, "the GGUF magic").map_err(|_| GgufError::NotGguf(format!("{}: shorter than a GGUF header", path.display())))?;
+        let magic = c
+            .bytes(4, "the GGUF magic")
+            .map_err(|_| GgufError::NotGguf(format!("{}: shorter than a GGUF header", path.display())))?;
         if magic != b"GGUF" {
             return Err(GgufError::NotGguf(format!("{}: does not start with the GGUF magic", path.display())));
         }
@@ -208,7 +212,9 @@ impl GgufFile {
         let n_tensors = c.u64("the tensor count")?;
         let n_kv = c.u64("the metadata count")?;
         if n_tensors > len || n_kv > len {
-            return Err(GgufError::Corrupt(format!("implausible counts: {n_tensors} tensors, {n_kv} metadata entries")));
+            return Err(GgufError::Corrupt(format!(
+                "implausible counts: {n_tensors} tensors, {n_kv} metadata entries"
+            )));
         }
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -258,7 +264,10 @@ impl GgufFile {
         let data_start = c.pos.div_ceil(alignment) * alignment;
         for t in &tensors {
             if t.offset % alignment != 0 {
-                return Err(GgufError::Corrupt(format!("tensor {}: offset {} is not aligned to {alignment}", t.name, t.offset)));
+                return Err(GgufError::Corrupt(format!(
+                    "tensor {}: offset {} is not aligned to {alignment}",
+                    t.name, t.offset
+                )));
             }
             let end = data_start.checked_add(t.offset).and_then(|s| s.checked_add(t.size));
             if end.is_none_or(|e| e > len) {
