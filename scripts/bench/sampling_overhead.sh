@@ -22,7 +22,7 @@ full=(--temp 0.8 --top-p 0.95 --min-p 0.02 --min-tokens-to-keep 3 --top-k 40 --x
 tps() { # settings... -> generation tok/s
   "$bin" generate --model "$model" --prompt "The quick brown fox jumps over the lazy dog" \
     --ignore-chat-template -m "$tokens" --output json "$@" |
-    "$py" -c 'import json,sys; d=json.load(sys.stdin); print(d["generation_tps"] if d["generation_tokens"] > 8 else "nan")'
+    "$py" -c 'import json,sys; d=json.load(sys.stdin); print(d["generation_tps"] if d["generation_tokens"] > 1 else "nan")'
 }
 greedy=(); stack=()
 for _ in $(seq "$rounds"); do

@@ -93,9 +93,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     mlx::runtime::set_default_device(device)?;
-    if std::env::var_os("MLX_GEN_NEW_STREAM").is_some() {
-        mlx::runtime::use_new_stream()?;
-    }
+    // As mlx-lm's generation_stream: a stream of our own (measurably faster on CUDA than the default).
+    mlx::runtime::use_new_stream()?;
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

@@ -450,6 +450,17 @@ int mlxs_cumsum(mlxs_array* out, const mlxs_array a, int axis, int reverse, int 
   return guard([&] { *out = wrap(mx::cumsum(arr(a), axis, reverse != 0, inclusive != 0)); });
 }
 
+int mlxs_swiglu(mlxs_array* out, const mlxs_array gate, const mlxs_array up) {
+  // mlx-lm's activations.swiglu: `nn.silu(gate) * x` under mx.compile(shapeless=True), so the
+  // elementwise chain runs as one fused kernel, with the same operations in the same order.
+  static auto fused = mx::compile(
+      [](const std::vector<mx::array>& in) {
+        return std::vector<mx::array>{mx::multiply(mx::multiply(in[0], mx::sigmoid(in[0])), in[1])};
+      },
+      /* shapeless = */ true);
+  return guard([&] { *out = wrap(fused({arr(gate), arr(up)})[0]); });
+}
+
 int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, float eps) {
   return guard([&] { *out = wrap(mx::fast::rms_norm(arr(x), opt(weight), eps)); });
 }

@@ -81,7 +81,8 @@ int mlxs_softmax(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n
 int mlxs_sort_op(mlxs_array* out, int op, const mlxs_array a, int axis, int k);
 int mlxs_cumsum(mlxs_array* out, const mlxs_array a, int axis, int reverse, int inclusive);
 
-/* fused kernels (mlx::core::fast) */
+/* fused kernels (mlx::core::fast, and compiled elementwise chains) */
+int mlxs_swiglu(mlxs_array* out, const mlxs_array gate, const mlxs_array up);
 int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, float eps);
 int mlxs_layer_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, const mlxs_array bias, float eps);
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,

@@ -144,6 +144,7 @@ extern "C" {
     pub fn mlxs_cumsum(out: *mut mlxs_array, a: mlxs_array, axis: c_int, reverse: c_int, inclusive: c_int)
         -> c_int;
 
+    pub fn mlxs_swiglu(out: *mut mlxs_array, gate: mlxs_array, up: mlxs_array) -> c_int;
     pub fn mlxs_rms_norm(out: *mut mlxs_array, x: mlxs_array, weight: mlxs_array, eps: c_float) -> c_int;
     pub fn mlxs_layer_norm(
         out: *mut mlxs_array,

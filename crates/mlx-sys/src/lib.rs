@@ -388,6 +388,10 @@ pub fn cumsum(a: &Handle, axis: i32, reverse: bool, inclusive: bool) -> Result<H
     make(|o| unsafe { ffi::mlxs_cumsum(o, a.raw(), axis, c_int::from(reverse), c_int::from(inclusive)) })
 }
 
+pub fn swiglu(gate: &Handle, up: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_swiglu(o, gate.raw(), up.raw()) })
+}
+
 pub fn rms_norm(x: &Handle, weight: Option<&Handle>, eps: f32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_rms_norm(o, x.raw(), opt(weight), eps) })
 }

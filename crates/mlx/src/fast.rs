@@ -3,6 +3,12 @@ use crate::array::Array;
 use crate::error::{ctx, Result};
 use mlx_sys as sys;
 
+/// `silu(gate) * up` as one fused kernel (mlx-lm's compiled `swiglu`).
+#[track_caller]
+pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
+    ctx("swiglu", sys::swiglu(gate.handle(), up.handle())).map(Array::from_handle)
+}
+
 #[track_caller]
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     ctx("rms_norm", sys::rms_norm(x.handle(), weight.map(Array::handle), eps)).map(Array::from_handle)

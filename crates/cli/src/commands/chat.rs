@@ -80,9 +80,7 @@ pub fn run(args: Args) -> Result<()> {
             model_dir.display()
         );
     }
-    if let Some(seed) = args.sampling.seed {
-        mlx::random::seed(seed)?;
-    }
+    let sampler = args.sampling.for_model(sampler, &loaded)?;
     let mut reader = Reader::new()?;
     let ansi = std::io::stdout().is_terminal();
     install_ctrl_c()?;

@@ -32,8 +32,7 @@ struct Mlp {
 impl Mlp {
     /// down(silu(gate(x)) * up(x))
     fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let h = gate.silu()?.mul(&self.up_proj.forward(x)?)?;
+        let h = mlx::fast::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
         self.down_proj.forward(&h)
     }
 }

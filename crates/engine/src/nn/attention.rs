@@ -65,12 +65,19 @@ impl Attention {
     pub fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let t = t.reshape(&[b, l, n, -1])?; // (B, L, n, head_dim)
-            let t = match norm {
-                Some(nm) => nm.forward(&t)?,
-                None => t,
-            };
-            Ok(t.transpose(&[0, 2, 1, 3])?) // (B, n, L, head_dim)
+            // (B, L, n * head_dim) -> (B, n, L, head_dim). With one position (decode) the transpose
+            // moves nothing, so a single reshape gives the same array with one graph node less.
+            match norm {
+                None if l == 1 => Ok(t.reshape(&[b, n, 1, -1])?),
+                _ => {
+                    let t = t.reshape(&[b, l, n, -1])?; // (B, L, n, head_dim)
+                    let t = match norm {
+                        Some(nm) => nm.forward(&t)?,
+                        None => t,
+                    };
+                    Ok(t.transpose(&[0, 2, 1, 3])?)
+                }
+            }
         };
         let queries = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
         let keys = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
@@ -82,7 +89,11 @@ impl Attention {
         let (keys, values) = cache.update_and_fetch(&keys, &values)?; // (B, kv_heads, S, head_dim)
 
         let out = fast::sdpa(&queries, &keys, &values, self.scale, mask)?; // (B, heads, L, head_dim)
-        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        let out = if l == 1 {
+            out.reshape(&[b, 1, -1])? // (B, heads, 1, D) is already (B, 1, heads * D) in memory
+        } else {
+            out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?
+        };
         self.o_proj.forward(&out)
     }
 }
