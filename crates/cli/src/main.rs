@@ -95,6 +95,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     mlx::runtime::set_default_device(device)?;
     // As mlx-lm's generation_stream: a stream of our own (measurably faster on CUDA than the default).
     mlx::runtime::use_new_stream()?;
+    // On the GPU, fuse q/k/v and gate/up projections (fewer kernels per token); the CPU keeps
+    // mlx-lm's exact shapes so that its results stay bit-identical. MLX_GEN_NO_FUSE=1 turns it off.
+    engine::nn::set_fused_projections(device == mlx::runtime::Device::Gpu && std::env::var_os("MLX_GEN_NO_FUSE").is_none());
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

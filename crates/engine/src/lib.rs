@@ -8,6 +8,7 @@ pub mod default_model;
 mod error;
 pub mod generate;
 pub mod gguf;
+pub mod hub;
 mod load;
 pub mod models;
 pub mod nn;

@@ -23,16 +23,50 @@ pub struct DecoderSpec {
 }
 
 #[derive(Clone)]
+enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    /// Rows: gate, then up (see `nn::set_fused_projections`).
+    Fused(Linear, i32),
+}
+
+#[derive(Clone)]
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    gate_up: GateUp,
     down_proj: Linear,
 }
 
 impl Mlp {
+    fn load(vb: &crate::weights::Vb<'_>, d: i32, ff: i32, bias: bool, q: &QuantConfig) -> Result<Mlp> {
+        let gate = Linear::load(&vb.pp("gate_proj"), d, ff, bias, q)?;
+        let up = Linear::load(&vb.pp("up_proj"), d, ff, bias, q)?;
+        let fused = if crate::nn::fused_projections() { Linear::fuse(&[&gate, &up])? } else { None };
+        Ok(Mlp {
+            gate_up: match fused {
+                Some(f) => GateUp::Fused(f, ff),
+                None => GateUp::Separate { gate, up },
+            },
+            down_proj: Linear::load(&vb.pp("down_proj"), ff, d, bias, q)?,
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v = match &self.gate_up {
+            GateUp::Separate { gate, up } => [gate.arrays(), up.arrays()].concat(),
+            GateUp::Fused(f, _) => f.arrays(),
+        };
+        v.extend(self.down_proj.arrays());
+        v
+    }
+
     /// down(silu(gate(x)) * up(x))
     fn forward(&self, x: &Array) -> Result<Array> {
-        let h = mlx::fast::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
+        let h = match &self.gate_up {
+            GateUp::Separate { gate, up } => mlx::fast::swiglu(&gate.forward(x)?, &up.forward(x)?)?,
+            GateUp::Fused(f, ff) => {
+                let y = f.forward(x)?; // (B, L, 2 ff)
+                mlx::fast::swiglu(&y.slice_axis(-1, 0, *ff)?, &y.slice_axis(-1, *ff, 2 * ff)?)?
+            }
+        };
         self.down_proj.forward(&h)
     }
 }
@@ -68,14 +102,9 @@ impl Decoder {
         let mut layers = Vec::with_capacity(spec.num_layers as usize);
         for i in 0..spec.num_layers {
             let l = vb.pp("layers").pp(i);
-            let m = l.pp("mlp");
             layers.push(Block {
                 self_attn: Attention::load(&l.pp("self_attn"), a, rope.clone(), q)?,
-                mlp: Mlp {
-                    gate_proj: Linear::load(&m.pp("gate_proj"), d, ff, spec.mlp_bias, q)?,
-                    up_proj: Linear::load(&m.pp("up_proj"), d, ff, spec.mlp_bias, q)?,
-                    down_proj: Linear::load(&m.pp("down_proj"), ff, d, spec.mlp_bias, q)?,
-                },
+                mlp: Mlp::load(&l.pp("mlp"), d, ff, spec.mlp_bias, q)?,
                 input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), d, spec.rms_norm_eps)?,
                 post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), d, spec.rms_norm_eps)?,
             });
@@ -104,9 +133,7 @@ impl Model for Decoder {
         let mut v = self.embed_tokens.arrays();
         for l in &self.layers {
             v.extend(l.self_attn.arrays());
-            for p in [&l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj] {
-                v.extend(p.arrays());
-            }
+            v.extend(l.mlp.arrays());
             v.extend(l.input_layernorm.arrays());
             v.extend(l.post_attention_layernorm.arrays());
         }

@@ -22,11 +22,16 @@ pub struct AttentionSpec {
     pub qk_norm_eps: Option<f64>,
 }
 
+/// The query/key/value projections: as stored, or fused into one matrix (see `set_fused_projections`).
+#[derive(Clone)]
+enum Qkv {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear), // rows: queries, then keys, then values
+}
+
 #[derive(Clone)]
 pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv: Qkv,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -40,10 +45,16 @@ impl Attention {
     pub fn load(vb: &Vb<'_>, spec: &AttentionSpec, rope: Rope, q: &QuantConfig) -> Result<Attention> {
         let (d, h, kvh, hd) = (spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim);
         let norm = |name: &str| spec.qk_norm_eps.map(|eps| RmsNorm::load(&vb.pp(name), hd, eps)).transpose();
+        let q_proj = Linear::load(&vb.pp("q_proj"), d, h * hd, spec.qkv_bias, q)?;
+        let k_proj = Linear::load(&vb.pp("k_proj"), d, kvh * hd, spec.qkv_bias, q)?;
+        let v_proj = Linear::load(&vb.pp("v_proj"), d, kvh * hd, spec.qkv_bias, q)?;
+        let fused = if super::fused_projections() { Linear::fuse(&[&q_proj, &k_proj, &v_proj])? } else { None };
+        let qkv = match fused {
+            Some(f) => Qkv::Fused(f),
+            None => Qkv::Separate { q: q_proj, k: k_proj, v: v_proj },
+        };
         Ok(Attention {
-            q_proj: Linear::load(&vb.pp("q_proj"), d, h * hd, spec.qkv_bias, q)?,
-            k_proj: Linear::load(&vb.pp("k_proj"), d, kvh * hd, spec.qkv_bias, q)?,
-            v_proj: Linear::load(&vb.pp("v_proj"), d, kvh * hd, spec.qkv_bias, q)?,
+            qkv,
             o_proj: Linear::load(&vb.pp("o_proj"), h * hd, d, spec.o_bias, q)?,
             q_norm: norm("q_norm")?,
             k_norm: norm("k_norm")?,
@@ -56,9 +67,35 @@ impl Attention {
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
-        let projections = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj];
+        let projections = match &self.qkv {
+            Qkv::Separate { q, k, v } => vec![q, k, v, &self.o_proj],
+            Qkv::Fused(f) => vec![f, &self.o_proj],
+        };
         let norms = self.q_norm.iter().chain(self.k_norm.iter());
         projections.iter().flat_map(|p| p.arrays()).chain(norms.flat_map(|n| n.arrays())).collect()
+    }
+
+    /// (B, L, (heads + 2 kv_heads) * D) -> queries, keys, values, each (B, n, L, D).
+    fn split_fused(&self, y: &Array, b: i32, l: i32) -> Result<(Array, Array, Array)> {
+        let (h, kvh) = (self.n_heads, self.n_kv_heads);
+        let norm = |t: Array, n: &Option<RmsNorm>| -> Result<Array> {
+            match n {
+                Some(nm) => nm.forward(&t),
+                None => Ok(t),
+            }
+        };
+        if l == 1 {
+            // One position: (B, 1, n * D) is (B, n, 1, D) in memory; the splits are views.
+            let y = y.reshape(&[b, h + 2 * kvh, 1, -1])?;
+            let q = norm(y.slice_axis(1, 0, h)?, &self.q_norm)?;
+            let k = norm(y.slice_axis(1, h, h + kvh)?, &self.k_norm)?;
+            return Ok((q, k, y.slice_axis(1, h + kvh, h + 2 * kvh)?));
+        }
+        let y = y.reshape(&[b, l, h + 2 * kvh, -1])?; // (B, L, n, D)
+        let q = norm(y.slice_axis(2, 0, h)?, &self.q_norm)?.transpose(&[0, 2, 1, 3])?;
+        let k = norm(y.slice_axis(2, h, h + kvh)?, &self.k_norm)?.transpose(&[0, 2, 1, 3])?;
+        let v = y.slice_axis(2, h + kvh, h + 2 * kvh)?.transpose(&[0, 2, 1, 3])?;
+        Ok((q, k, v))
     }
 
     /// x (B, L, hidden) -> (B, L, hidden)
@@ -79,9 +116,14 @@ impl Attention {
                 }
             }
         };
-        let queries = heads(self.q_proj.forward(x)?, self.n_heads, &self.q_norm)?;
-        let keys = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
-        let values = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        let (queries, keys, values) = match &self.qkv {
+            Qkv::Separate { q, k, v } => (
+                heads(q.forward(x)?, self.n_heads, &self.q_norm)?,
+                heads(k.forward(x)?, self.n_kv_heads, &self.k_norm)?,
+                heads(v.forward(x)?, self.n_kv_heads, &None)?,
+            ),
+            Qkv::Fused(f) => self.split_fused(&f.forward(x)?, b, l)?,
+        };
 
         let offset = cache.offset();
         let queries = self.rope.forward(&queries, offset)?;

@@ -27,6 +27,48 @@ impl Linear {
         Ok(Linear { kind, bias })
     }
 
+    /// One layer computing `parts` side by side (their outputs concatenated), when they are stored
+    /// alike (all float, or all quantized with the same bits and group size); evaluated at once so
+    /// the separate weights can be freed. Each output element is the same dot product as before.
+    pub fn fuse(parts: &[&Linear]) -> Result<Option<Linear>> {
+        let cat = |arrays: Vec<&Array>| -> Result<Array> { Ok(ops::concatenate(&arrays, 0)?) };
+        let kind = match parts.iter().map(|p| &p.kind).collect::<Vec<_>>().as_slice() {
+            [Kind::Float(_), ..] if parts.iter().all(|p| matches!(p.kind, Kind::Float(_))) => {
+                Kind::Float(cat(parts.iter().filter_map(|p| match &p.kind {
+                    Kind::Float(w) => Some(w),
+                    Kind::Quant(_) => None,
+                }).collect())?)
+            }
+            [Kind::Quant(first), ..] => {
+                let qs: Vec<&Quantized> = parts
+                    .iter()
+                    .filter_map(|p| match &p.kind {
+                        Kind::Quant(q) if q.spec == first.spec => Some(q),
+                        _ => None,
+                    })
+                    .collect();
+                if qs.len() != parts.len() {
+                    return Ok(None);
+                }
+                Kind::Quant(Quantized {
+                    weight: cat(qs.iter().map(|q| &q.weight).collect())?,
+                    scales: cat(qs.iter().map(|q| &q.scales).collect())?,
+                    biases: cat(qs.iter().map(|q| &q.biases).collect())?,
+                    spec: first.spec,
+                })
+            }
+            _ => return Ok(None),
+        };
+        let bias = match parts.iter().map(|p| p.bias.as_ref()).collect::<Option<Vec<_>>>() {
+            Some(b) => Some(cat(b)?),
+            None if parts.iter().all(|p| p.bias.is_none()) => None,
+            None => return Ok(None),
+        };
+        let fused = Linear { kind, bias };
+        mlx::eval(&fused.arrays())?;
+        Ok(Some(fused))
+    }
+
     /// The weights this layer holds (for evaluation and memory accounting).
     pub fn arrays(&self) -> Vec<&Array> {
         let mut v = match &self.kind {

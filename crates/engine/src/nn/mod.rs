@@ -9,6 +9,21 @@ mod quant;
 mod rope;
 
 pub use attention::{Attention, AttentionSpec};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static FUSE_PROJECTIONS: AtomicBool = AtomicBool::new(false);
+
+/// Load q/k/v (and gate/up) projections as one matrix each, so decode runs fewer kernels. Exact per
+/// element, but a different matmul shape may round differently than mlx-lm's separate ones, so it
+/// is meant for the GPU (where speed is the point), not for the CPU oracle runs.
+pub fn set_fused_projections(on: bool) {
+    FUSE_PROJECTIONS.store(on, Ordering::Relaxed);
+}
+
+pub fn fused_projections() -> bool {
+    FUSE_PROJECTIONS.load(Ordering::Relaxed)
+}
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::RmsNorm;

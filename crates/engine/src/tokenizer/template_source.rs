@@ -154,7 +154,7 @@ fn python_unescape(body: &str) -> String {
                 let n = chars[i + 1..]
                     .iter()
                     .take(3)
-                    .take_while(|c| ('0'..='7').contains(c))
+                    .take_while(|c| ('0'..='7').contains(*c))
                     .count();
                 let v: String = chars[i + 1..i + 1 + n].iter().collect();
                 (
