@@ -60,7 +60,10 @@ def main():
     report = {"tool": "mlx-lm", "load_s": load_s, "trials": trials, "median": median,
               "start_to_first_token_s": load_s + warm["ttft_s"] + (tic - first_token_wall)}
     if args.pacing:
-        report["pacing"] = trial(record=True)["intervals_ms"]
+        ms = sorted(trial(record=True)["intervals_ms"])
+        at = lambda q: ms[round((len(ms) - 1) * q)] if ms else 0.0  # noqa: E731
+        report["pacing"] = {"tokens": len(ms) + 1, "p50_ms": at(0.5), "p99_ms": at(0.99),
+                            "max_ms": ms[-1] if ms else 0.0}
     print(json.dumps(report))
 
 

@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="gpu")
+    ap.add_argument("--pacing-tokens", type=int, default=0,
+                    help="also time every inter-token interval of a decode this long (prompt 128)")
     ap.add_argument("--out")
     args = ap.parse_args()
 
@@ -59,6 +61,12 @@ def main():
             row[name] = {k: statistics.median(t[k] for t in trials)
                          for k in ("ttft_s", "prompt_tps", "generation_tps", "peak_memory_gb")}
             row[name]["load_s"] = statistics.median(r["load_s"] for r in reps)
+        if args.pacing_tokens:
+            pace = ["-p", "128", "-g", str(args.pacing_tokens), "-n", "1", "--pacing"]
+            row["mlx-gen"]["pacing"] = run_json(
+                [args.mlx_gen, "--device", args.device, "bench", "--model", str(d), "--json"] + pace)["pacing"]
+            row["mlx-lm"]["pacing"] = run_json(
+                [sys.executable, str(HERE / "mlx_lm_bench.py"), "--model", str(d)] + pace)["pacing"]
         bw = BANDWIDTH.get(args.device)
         row["decode_limit_tps"] = bw / weight_bytes if bw else None
         rows.append(row)
@@ -75,6 +83,16 @@ def main():
             lim = f"{100 * m['generation_tps'] / r['decode_limit_tps']:.1f}%" if r["decode_limit_tps"] else "-"
             print(f"| {r['shape']} | {name} | {1000 * m['ttft_s']:.1f} | {m['prompt_tps']:.0f} | "
                   f"{m['generation_tps']:.1f} | {m['peak_memory_gb']:.3f} | {m['load_s']:.2f} | {ratio:.2f}x | {lim} |")
+    if args.pacing_tokens:
+        print()
+        print(f"token pacing over {args.pacing_tokens} tokens (prompt 128): inter-token ms")
+        print("| shape | tool | p50 | p99 | max | p99/p50 | max/p50 |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            for name in ("mlx-gen", "mlx-lm"):
+                p = r[name]["pacing"]
+                print(f"| {r['shape']} | {name} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['max_ms']:.1f} | "
+                      f"{p['p99_ms'] / p['p50_ms']:.2f} | {p['max_ms'] / p['p50_ms']:.1f} |")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -38,6 +38,8 @@ enum Command {
     Chat(commands::chat::Args),
     /// Measure prompt and generation speed (as mlx_lm.benchmark).
     Bench(commands::bench::Args),
+    /// Convert a Hugging Face model (folder or repo id) or a GGUF file to an MLX model folder (as mlx_lm.convert).
+    Convert(commands::convert::Args),
     /// Print a shell completion script: `mlx-gen completions bash > /etc/bash_completion.d/mlx-gen`.
     Completions {
         #[arg(value_enum)]
@@ -48,7 +50,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(commands::convert::argv()) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind::*;
@@ -102,6 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),
         Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),
+        Some(Command::Convert(args)) => commands::convert::run(args),
         Some(Command::Completions { .. } | Command::Man) | None => Ok(()),
     }
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod convert;
 pub mod default_model;
 mod error;
 pub mod generate;

@@ -32,6 +32,19 @@ pub struct Args {
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also time every inter-token interval of one extra single-sequence trial and report p50,
+    /// p99 and max (token pacing).
+    #[arg(long)]
+    pacing: bool,
+}
+
+/// Inter-token intervals of one trial, in milliseconds.
+#[derive(Serialize)]
+struct Pacing {
+    tokens: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
 }
 
 #[derive(Serialize, Clone, Copy, Default)]
@@ -55,6 +68,8 @@ struct Report {
     load_s: f64,
     trials: Vec<Trial>,
     median: Trial,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pacing: Option<Pacing>,
 }
 
 pub fn run(args: Args, device: &str) -> Result<()> {
@@ -107,7 +122,9 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         peak_memory_gb: median(trials.iter().map(|t| t.peak_memory_gb)),
         total_s: median(trials.iter().map(|t| t.total_s)),
     };
+    let pacing = if args.pacing { Some(pacing(&loaded, &prompt[..args.prompt_tokens], &args)?) } else { None };
     let report = Report {
+        pacing,
         model: model_dir.display().to_string(),
         device: device.to_owned(),
         prompt_tokens: args.prompt_tokens,
@@ -126,6 +143,24 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The intervals between consecutive tokens of one generation (after the first token).
+fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
+    let config = GenerateConfig {
+        max_tokens: Some(args.generation_tokens),
+        prefill_step_size: args.prefill_step_size,
+        ..GenerateConfig::default()
+    };
+    let mut marks = Vec::with_capacity(args.generation_tokens);
+    for step in Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)? {
+        step?;
+        marks.push(Instant::now());
+    }
+    let mut ms: Vec<f64> = marks.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| ms.get(((ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
+    Ok(Pacing { tokens: marks.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms.last().copied().unwrap_or(0.0) })
 }
 
 /// One generation of `generation_tokens` tokens (per sequence), EOS ignored. Peak memory is MLX's

@@ -1,7 +1,8 @@
 //! The default cache, mlx-lm's `KVCache`: buffers grown in steps of 256 positions, written in place
 //! with slice updates, read back as the filled prefix.
-use super::KvCache;
-use crate::error::Result;
+use super::{KvCache, QuantizedCache, StateNode};
+use crate::error::{EngineError, Result};
+use mlx::ops::QuantSpec;
 use mlx::{ops, Array};
 
 const STEP: i32 = 256;
@@ -16,6 +17,14 @@ pub struct GrowingCache {
 impl GrowingCache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// From a saved `KVCache` state: full buffers and the filled length.
+    pub fn from_state(keys: Option<Array>, values: Option<Array>, offset: i32) -> Result<Self> {
+        if keys.is_some() != values.is_some() || keys.as_ref().is_some_and(|k| k.ndim() != 4 || k.dim(2) < offset) {
+            return Err(EngineError::Invalid("inconsistent KVCache state".into()));
+        }
+        Ok(GrowingCache { keys, values, offset })
     }
 }
 
@@ -61,10 +70,10 @@ impl KvCache for GrowingCache {
         Ok(out)
     }
 
-    fn trim(&mut self, n: i32) -> i32 {
+    fn trim(&mut self, n: i32) -> Result<i32> {
         let n = n.min(self.offset).max(0);
         self.offset -= n;
-        n
+        Ok(n)
     }
 
     fn state(&self) -> Vec<Array> {
@@ -73,5 +82,14 @@ impl KvCache for GrowingCache {
 
     fn nbytes(&self) -> usize {
         self.state().iter().map(Array::nbytes).sum()
+    }
+
+    fn to_quantized(&self, spec: QuantSpec) -> Result<Option<Box<dyn KvCache>>> {
+        Ok(Some(Box::new(QuantizedCache::from_growing(self.keys.as_ref(), self.values.as_ref(), self.offset, spec)?)))
+    }
+
+    fn saved_state(&self) -> Result<(&'static str, Vec<StateNode>)> {
+        let arr = |a: &Option<Array>| a.clone().map_or(StateNode::None, StateNode::Array);
+        Ok(("KVCache", vec![arr(&self.keys), arr(&self.values), StateNode::Int(i64::from(self.offset))]))
     }
 }

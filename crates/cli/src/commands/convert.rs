@@ -1,0 +1,111 @@
+//! `mlx-gen convert`: a Hugging Face float model (folder or repo id) or a GGUF file to an MLX model
+//! folder, as `mlx_lm.convert` does it (`-q`, `--q-bits`, `--q-group-size`, `--dtype`).
+use anyhow::{bail, Context, Result};
+use engine::convert::{convert_folder, convert_gguf, write_atomically, ConvertOptions};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mlx::Dtype;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The source: a Hugging Face model folder, a repo id (org/name) or a .gguf file.
+    #[arg(long, visible_alias = "hf-path")]
+    model: PathBuf,
+    /// The MLX model folder to write (must not exist, unless --force).
+    #[arg(long, default_value = "mlx_model")]
+    mlx_path: PathBuf,
+    /// Quantize the weights (affine). `-q` after `convert` means this, as in mlx_lm.convert (see [`argv`]).
+    #[arg(long)]
+    quantize: bool,
+    /// Bits per weight when quantizing.
+    #[arg(long, default_value_t = 4)]
+    q_bits: i32,
+    /// Group size when quantizing.
+    #[arg(long, default_value_t = 64)]
+    q_group_size: i32,
+    /// Type of the float parameters (default: config.json's torch_dtype).
+    #[arg(long, value_parser = ["float16", "bfloat16", "float32"])]
+    dtype: Option<String>,
+    /// Replace an existing --mlx-path (only once the new folder is complete).
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let opts = ConvertOptions {
+        quantize: args.quantize,
+        q_bits: args.q_bits,
+        q_group_size: args.q_group_size,
+        dtype: args.dtype.as_deref().and_then(Dtype::parse_float),
+    };
+    let dst = &args.mlx_path;
+    if dst.exists() && !args.force {
+        bail!("{} already exists; remove it, pick another --mlx-path, or pass --force", dst.display());
+    }
+    let src = &args.model;
+    let is_gguf = src.is_file() && src.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let bar = bar();
+    if is_gguf {
+        bar.set_message(format!("Importing {}", src.display()));
+        bar.enable_steady_tick(std::time::Duration::from_millis(100));
+        write_atomically(dst, args.force, |tmp| Ok(convert_gguf(src, tmp, &opts)?))
+            .with_context(|| format!("cannot convert {}", src.display()))?;
+    } else {
+        let folder = source_folder(src)?;
+        bar.set_message(format!("Converting {}", src.display()));
+        let mut progress = |done: usize, total: usize| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        };
+        write_atomically(dst, args.force, |tmp| convert_folder(&folder, tmp, &opts, &mut progress).map(|_| ()))
+            .with_context(|| format!("cannot convert {}", src.display()))?;
+    }
+    bar.finish_and_clear();
+    if crate::progress::enabled() {
+        eprintln!("Wrote {}", dst.display());
+    }
+    Ok(())
+}
+
+/// The command line, with `-q` after `convert` read as `--quantize` (mlx_lm.convert's meaning)
+/// rather than the global `-q/--quiet`.
+pub fn argv() -> Vec<std::ffi::OsString> {
+    let mut seen_convert = false;
+    std::env::args_os()
+        .enumerate()
+        .map(|(i, a)| {
+            if i > 0 && !seen_convert && a == "convert" {
+                seen_convert = true;
+            } else if seen_convert && a == "-q" {
+                return "--quantize".into();
+            }
+            a
+        })
+        .collect()
+}
+
+/// A local folder, or the snapshot of a Hub repo id.
+fn source_folder(src: &Path) -> Result<PathBuf> {
+    if src.is_dir() {
+        return Ok(src.to_owned());
+    }
+    if src.is_file() {
+        bail!("{} is a file: convert takes a model folder, a repo id or a .gguf file", src.display());
+    }
+    match src.to_str().filter(|s| engine::hub::is_repo_id(s)) {
+        Some(repo) => crate::model_arg::hub_snapshot(repo),
+        None => bail!("{} does not exist (nor is it a Hugging Face repo id like org/name)", src.display()),
+    }
+}
+
+fn bar() -> ProgressBar {
+    if !crate::progress::enabled() {
+        return ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+    }
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors {elapsed}")
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}

@@ -1,0 +1,146 @@
+//! `mlx-gen convert` against `mlx_lm.convert` on the tiny float models of the oracle matrix: the
+//! output folders must be equal tensor for tensor (tests/oracle/convert_compare.py) with the same
+//! config.json, and mlx-gen's greedy tokens from our folder must equal mlx-lm's from its folder.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn work(case: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("convert").join(case);
+    if d.exists() {
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn mlx_lm_convert(src: &Path, dst: &Path, flags: &[&str]) {
+    let out = Command::new(common::venv_python())
+        .args(["-m", "mlx_lm", "convert", "--hf-path"])
+        .arg(src)
+        .arg("--mlx-path")
+        .arg(dst)
+        .args(flags)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mlx_lm convert");
+    assert!(out.status.success(), "mlx_lm.convert {flags:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn ours_convert(args: &[&str]) -> std::process::Output {
+    let mut all = vec!["convert"];
+    all.extend_from_slice(args);
+    common::mlx_gen(&all, None)
+}
+
+fn compare(ours: &Path, theirs: &Path) {
+    let out = Command::new(common::venv_python())
+        .arg(common::oracle_dir().join("convert_compare.py"))
+        .args([ours, theirs])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run convert_compare.py");
+    assert!(out.status.success(), "convert_compare.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("convert_compare.py JSON");
+    assert_eq!(v["ok"], true, "{} vs mlx_lm.convert's {}: {}", ours.display(), theirs.display(), v["problems"]);
+    assert!(v["tensors"].as_u64().unwrap_or(0) > 0);
+}
+
+/// Greedy tokens of mlx-lm (reference.py) on `theirs` and of mlx-gen on `ours`.
+fn same_generation(ours: &Path, theirs: &Path) {
+    let prompt = "The capital of France is";
+    let out = Command::new(common::venv_python())
+        .arg(common::oracle_dir().join("reference.py"))
+        .arg("--model")
+        .arg(theirs)
+        .args(["--prompt", prompt, "--max-tokens", "24", "--ignore-chat-template", "--no-logits"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run reference.py");
+    assert!(out.status.success(), "reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("reference.py JSON");
+    let dir = ours.to_str().unwrap();
+    let args = ["generate", "--model", dir, "--prompt", prompt, "--max-tokens", "24", "--ignore-chat-template"];
+    let o = common::mlx_gen(&[&args[..], &["--output", "json"]].concat(), None);
+    assert!(o.status.success(), "mlx-gen generate failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
+    assert_eq!(v["tokens"], r["tokens"], "greedy tokens from {} differ from mlx-lm's", ours.display());
+}
+
+fn case(name: &str, variant: &str, flags: &[&str]) {
+    let dir = work(name);
+    let src = common::model(variant);
+    let (ours, theirs) = (dir.join("ours"), dir.join("theirs"));
+    mlx_lm_convert(&src, &theirs, flags);
+    let mut args = vec!["--model", src.to_str().unwrap(), "--mlx-path", ours.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    let out = ours_convert(&args);
+    assert!(out.status.success(), "mlx-gen convert {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    compare(&ours, &theirs);
+    same_generation(&ours, &theirs);
+}
+
+#[test]
+fn q4_g64_equals_mlx_lm() {
+    case("llama3-q4g64", "llama3-f32", &["-q"]);
+}
+
+#[test]
+fn q8_g32_from_bf16_equals_mlx_lm() {
+    case("qwen2-q8g32", "qwen2-bf16", &["-q", "--q-bits", "8", "--q-group-size", "32"]);
+}
+
+#[test]
+fn dtype_conversion_equals_mlx_lm() {
+    case("qwen3-bf16", "qwen3-f32", &["--dtype", "bfloat16"]);
+}
+
+#[test]
+fn quantized_half_precision_equals_mlx_lm() {
+    case("mistral-f16-q3g32", "mistral-f32", &["-q", "--dtype", "float16", "--q-bits", "3", "--q-group-size", "32"]);
+}
+
+fn one_error_line(out: &std::process::Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "expected exit 1, stderr:\n{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "expected one line on stderr:\n{stderr}");
+    assert!(stderr.starts_with("error:") && stderr.contains(needle), "stderr {stderr:?} lacks {needle:?}");
+}
+
+#[test]
+fn refuses_to_overwrite_without_force_and_hf_path_alias() {
+    let dir = work("overwrite");
+    let src = common::model("qwen2-f32");
+    let dst = dir.join("out");
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::write(dst.join("keep"), b"x").unwrap();
+    let args = ["--hf-path", src.to_str().unwrap(), "--mlx-path", dst.to_str().unwrap(), "-q"];
+    one_error_line(&ours_convert(&args), "already exists");
+    assert!(dst.join("keep").is_file(), "the existing folder was touched");
+    let out = ours_convert(&[&args[..], &["--force"]].concat());
+    assert!(out.status.success(), "--force failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!dst.join("keep").exists() && dst.join("model.safetensors").is_file());
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"], serde_json::json!({"group_size": 64, "bits": 4, "mode": "affine"}));
+    let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "temporary folders left behind: {leftovers:?}");
+}
+
+#[test]
+fn a_failed_conversion_leaves_nothing() {
+    let dir = work("failed");
+    let src = dir.join("src");
+    common::copy_dir(&common::model("qwen2-f32"), &src);
+    let st = src.join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    let dst = dir.join("out");
+    let out = ours_convert(&["--model", src.to_str().unwrap(), "--mlx-path", dst.to_str().unwrap(), "-q"]);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim_end().lines().count(), 1);
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("src")], "a half-written output was left: {names:?}");
+}

@@ -1,0 +1,313 @@
+//! `mlx-gen convert`: a Hugging Face float model folder (or a GGUF file) to an MLX model folder,
+//! tensor for tensor what `mlx_lm.convert` writes (sanitize, dtype cast, affine quantization).
+use crate::error::{EngineError, Result};
+use crate::gguf::{import_gguf, ImportOptions};
+use mlx::ops::QuantSpec;
+use mlx::{Array, Dtype};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// What `mlx_lm.convert`'s flags ask for.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    /// `-q`: quantize every linear and embedding layer whose input size the group size divides.
+    pub quantize: bool,
+    pub q_bits: i32,
+    pub q_group_size: i32,
+    /// `--dtype`; `None`: config.json's `torch_dtype` when it is one of the three float types.
+    pub dtype: Option<Dtype>,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions { quantize: false, q_bits: 4, q_group_size: 64, dtype: None }
+    }
+}
+
+/// What a conversion wrote.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertSummary {
+    pub tensors: usize,
+    pub quantized: usize,
+    pub dtype: Option<String>,
+}
+
+/// The files besides weights and config.json that a converted folder keeps (tokenizer and
+/// generation config; `mlx_lm.convert` writes the tokenizer with `save_pretrained`).
+const COPIED: &[&str] = &[
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
+/// mlx-lm writes one safetensors file up to this size, then shards (`MAX_FILE_SIZE_GB`).
+const MAX_SHARD_BYTES: usize = 5 << 30;
+
+fn io(path: &Path, e: impl std::fmt::Display) -> EngineError {
+    EngineError::file(path, e)
+}
+
+/// Builds `dst` with `build` (which gets an empty temporary sibling folder to fill), then renames
+/// it into place; on failure the temporary folder is removed. An existing `dst` is an error
+/// unless `force`, in which case it is replaced only once the new folder is complete.
+pub fn write_atomically(dst: &Path, force: bool, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if dst.exists() && !force {
+        return Err(EngineError::Invalid(format!(
+            "{} already exists; remove it, pick another --mlx-path, or pass --force",
+            dst.display()
+        )));
+    }
+    let name = dst.file_name().ok_or_else(|| io(dst, "not a folder name"))?.to_string_lossy().into_owned();
+    let parent = dst.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    }
+    let result = build(&tmp).and_then(|()| {
+        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+        let replaced = dst.exists();
+        if replaced {
+            fs::rename(dst, &old).map_err(|e| io(dst, e))?;
+        }
+        fs::rename(&tmp, dst).map_err(|e| io(dst, format!("moving the finished folder into place: {e}")))?;
+        if replaced {
+            let _ = if old.is_dir() { fs::remove_dir_all(&old) } else { fs::remove_file(&old) };
+        }
+        Ok(())
+    });
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&tmp);
+    }
+    result
+}
+
+/// Converts a GGUF file (see [`import_gguf`]): Q4_0/Q4_1/Q8_0 kept exactly, other types
+/// requantized with `q_bits`/`q_group_size`, or everything float with `--dtype` and no `-q`.
+pub fn convert_gguf(gguf: &Path, out: &Path, opts: &ConvertOptions) -> Result<()> {
+    let dtype = if opts.quantize { None } else { opts.dtype };
+    let import = ImportOptions { dtype, q_bits: opts.q_bits, q_group_size: opts.q_group_size };
+    import_gguf(gguf, out, &import)?;
+    Ok(())
+}
+
+fn read_json(path: &Path) -> Result<Map<String, Value>> {
+    let text = fs::read_to_string(path).map_err(|e| io(path, e))?;
+    match serde_json::from_str(&text).map_err(|e| io(path, e))? {
+        Value::Object(m) => Ok(m),
+        _ => Err(io(path, "not a JSON object")),
+    }
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<()> {
+    use serde::Serialize;
+    let mut buf = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, serde_json::ser::PrettyFormatter::with_indent(b"    "));
+    v.serialize(&mut ser).map_err(|e| io(path, e))?;
+    fs::write(path, buf).map_err(|e| io(path, e))
+}
+
+/// mlx-lm's `load_config`: config.json, with `eos_token_id` from generation_config.json when set.
+fn load_config(dir: &Path) -> Result<Map<String, Value>> {
+    let mut config = read_json(&dir.join("config.json"))?;
+    let gen = dir.join("generation_config.json");
+    if gen.is_file() {
+        if let Ok(g) = read_json(&gen) {
+            let truthy = match g.get("eos_token_id") {
+                Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+                Some(Value::Array(a)) => !a.is_empty(),
+                _ => false,
+            };
+            if truthy {
+                config.insert("eos_token_id".into(), g["eos_token_id"].clone());
+            }
+        }
+    }
+    Ok(config)
+}
+
+/// The tensors of the `model*.safetensors` files of `dir`, by name.
+fn load_weights(dir: &Path) -> Result<BTreeMap<String, Array>> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            n.starts_with("model") && n.ends_with(".safetensors")
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(io(dir, "no model*.safetensors weights in this folder"));
+    }
+    let mut out = BTreeMap::new();
+    for f in files {
+        let st = mlx::io::load_safetensors(&f).map_err(|e| io(&f, e.message))?;
+        out.extend(st.tensors);
+    }
+    Ok(out)
+}
+
+/// The weights mlx-lm's model keeps after its `sanitize` (llama, mistral, qwen2, qwen3).
+fn sanitize(model_type: &str, config: &Map<String, Value>, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    let tie_default = match model_type {
+        "llama" | "mistral" | "qwen2" => Some(true),
+        "qwen3" => None,
+        other => {
+            return Err(EngineError::UnsupportedModel {
+                found: other.to_owned(),
+                supported: "llama, mistral, qwen2, qwen3".into(),
+            })
+        }
+    };
+    let tie = config.get("tie_word_embeddings").and_then(Value::as_bool).or(tie_default).ok_or_else(|| {
+        EngineError::Config(format!("{model_type} config.json needs tie_word_embeddings"))
+    })?;
+    if model_type != "qwen3" {
+        weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq"));
+    }
+    if tie {
+        weights.remove("lm_head.weight");
+    }
+    Ok(())
+}
+
+/// The dtype mlx-lm casts float parameters to: `--dtype`, else `torch_dtype`, else `text_config.dtype`.
+fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dtype> {
+    if opts.dtype.is_some() {
+        return opts.dtype;
+    }
+    let named = match config.get("torch_dtype") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => None,
+        None => config.get("text_config").and_then(|t| t.get("dtype")).and_then(Value::as_str).map(str::to_owned),
+    };
+    named.and_then(|n| matches!(n.as_str(), "float16" | "bfloat16" | "float32").then(|| Dtype::parse_float(&n)).flatten())
+}
+
+/// Converts the Hugging Face model folder `src` into the (new, empty) folder `out`, calling
+/// `progress(done, total)` after each tensor.
+pub fn convert_folder(
+    src: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ConvertSummary> {
+    if opts.quantize && (![2, 3, 4, 5, 6, 8].contains(&opts.q_bits) || ![32, 64, 128].contains(&opts.q_group_size)) {
+        return Err(EngineError::Invalid(format!(
+            "cannot quantize with {} bits, group size {} (bits 2, 3, 4, 5, 6 or 8; group size 32, 64 or 128)",
+            opts.q_bits, opts.q_group_size
+        )));
+    }
+    let mut config = load_config(src)?;
+    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned();
+    if opts.quantize && config.contains_key("quantization") {
+        return Err(EngineError::Invalid(format!("{} is already quantized", src.display())));
+    }
+    let mut weights = load_weights(src)?;
+    sanitize(&model_type, &config, &mut weights)?;
+    let dtype = target_dtype(opts, &config);
+    let spec = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
+
+    fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    let total = weights.len();
+    let mut summary = ConvertSummary { dtype: dtype.map(|d| d.name().to_owned()), ..Default::default() };
+    let mut tensors: Vec<(String, Array)> = Vec::new();
+    let mut parameters = 0usize;
+    for (i, (name, w)) in std::mem::take(&mut weights).into_iter().enumerate() {
+        let w = match dtype {
+            Some(d) if w.dtype().is_float() => w.astype(d)?,
+            _ => w,
+        };
+        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures).
+        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2);
+        let quantize = opts.quantize && w.dim(-1) % opts.q_group_size == 0;
+        match layer.filter(|_| quantize) {
+            Some(layer) => {
+                parameters += w.size();
+                let (q, s, b) = mlx::ops::quantize(&w, spec)?;
+                mlx::eval(&[&q, &s, &b])?;
+                tensors.push((name.clone(), q));
+                tensors.push((format!("{layer}.scales"), s));
+                tensors.push((format!("{layer}.biases"), b));
+                summary.quantized += 1;
+            }
+            None => {
+                parameters += w.size();
+                w.eval()?;
+                tensors.push((name, w));
+            }
+        }
+        summary.tensors += 1;
+        progress(i + 1, total);
+    }
+
+    write_weights(out, &tensors, parameters)?;
+    drop(tensors);
+    if opts.quantize {
+        let mut q = Map::new();
+        q.insert("group_size".into(), opts.q_group_size.into());
+        q.insert("bits".into(), opts.q_bits.into());
+        q.insert("mode".into(), "affine".into());
+        config.insert("quantization".into(), Value::Object(q));
+    }
+    // mlx-lm's save_config: no _name_or_path or vision_config, quantization_config mirrors
+    // quantization, keys sorted.
+    config.remove("_name_or_path");
+    config.remove("vision_config");
+    if let Some(q) = config.get("quantization").cloned() {
+        config.insert("quantization_config".into(), q);
+    }
+    let sorted: BTreeMap<String, Value> = config.into_iter().collect();
+    write_json(&out.join("config.json"), &serde_json::to_value(sorted).map_err(|e| io(out, e))?)?;
+    for f in COPIED {
+        let from = src.join(f);
+        if from.is_file() {
+            fs::copy(&from, out.join(f)).map_err(|e| io(&from, e))?;
+        }
+    }
+    Ok(summary)
+}
+
+/// mlx-lm's `save_model`: shards of at most 5 GiB (`model.safetensors` when one) and an index.
+fn write_weights(out: &Path, tensors: &[(String, Array)], parameters: usize) -> Result<()> {
+    let mut shards: Vec<Vec<&(String, Array)>> = Vec::new();
+    let mut size = 0usize;
+    for t in tensors {
+        if shards.is_empty() || size + t.1.nbytes() > MAX_SHARD_BYTES {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        if let Some(s) = shards.last_mut() {
+            s.push(t);
+        }
+        size += t.1.nbytes();
+    }
+    let count = shards.len();
+    let mut weight_map = BTreeMap::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let file =
+            if count > 1 { format!("model-{:05}-of-{count:05}.safetensors", i + 1) } else { "model.safetensors".to_owned() };
+        let refs: Vec<(&str, &Array)> = shard.iter().map(|(n, a)| (n.as_str(), a)).collect();
+        let path = out.join(&file);
+        mlx::io::save_safetensors(&path, &refs, &[("format", "mlx")]).map_err(|e| io(&path, e))?;
+        for (n, _) in shard {
+            weight_map.insert(n.clone(), Value::String(file.clone()));
+        }
+    }
+    let total: usize = tensors.iter().map(|(_, a)| a.nbytes()).sum();
+    let index = serde_json::json!({
+        "metadata": {"total_size": total, "total_parameters": parameters},
+        "weight_map": weight_map,
+    });
+    write_json(&out.join("model.safetensors.index.json"), &index)
+}
