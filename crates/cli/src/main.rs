@@ -34,6 +34,8 @@ enum DeviceArg {
 enum Command {
     /// Generate text from a prompt (flags as mlx_lm.generate).
     Generate(commands::generate::Args),
+    /// Prefill a prompt and save its KV cache for `generate --prompt-cache-file` (as mlx_lm.cache_prompt).
+    CachePrompt(commands::cache_prompt::Args),
     /// Chat with a model in the terminal, turn after turn (as mlx_lm.chat).
     Chat(commands::chat::Args),
     /// Measure prompt and generation speed (as mlx_lm.benchmark).
@@ -65,7 +67,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}");
+            eprintln!("error: {msg}{}", hint(&msg));
             ExitCode::from(1)
         }
     }
@@ -103,6 +105,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),
+        Some(Command::CachePrompt(args)) => commands::cache_prompt::run(args),
         Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),
         Some(Command::Convert(args)) => commands::convert::run(args),
         Some(Command::Completions { .. } | Command::Man) | None => Ok(()),
@@ -127,6 +130,16 @@ fn one_line(e: &clap::Error) -> String {
     format!("{} (see `{help}`)", parts.join("; "))
 }
 
+/// What to do about errors whose cause a person cannot guess from MLX's own words.
+fn hint(msg: &str) -> &'static str {
+    let lower = msg.to_lowercase();
+    if lower.contains("out of memory") || lower.contains("unable to allocate") || lower.contains("memory limit") {
+        " (out of memory: try a smaller or more quantized model, a shorter prompt, or --max-kv-size / --kv-bits)"
+    } else {
+        ""
+    }
+}
+
 fn version_line(device: mlx::runtime::Device) -> String {
     let dev = match device {
         mlx::runtime::Device::Cpu => "cpu".to_owned(),
@@ -142,4 +155,16 @@ fn version_line(device: mlx::runtime::Device) -> String {
         mlx::runtime::mlx_version(),
         mlx::runtime::build_backend()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hint;
+
+    #[test]
+    fn out_of_memory_gets_advice() {
+        assert!(hint("[malloc] Unable to allocate 123456 bytes").contains("out of memory"));
+        assert!(hint("cudaMalloc failed: out of memory").contains("--kv-bits"));
+        assert_eq!(hint("tensor x is missing"), "");
+    }
 }
