@@ -42,6 +42,10 @@ enum Command {
     Bench(commands::bench::Args),
     /// Convert a Hugging Face model (folder or repo id) or a GGUF file to an MLX model folder (as mlx_lm.convert).
     Convert(commands::convert::Args),
+    /// Prepare an outpainting canvas: the image padded (pixels kept bit-exact), a binary mask, optionally a feathered one.
+    OutpaintPrep(commands::outpaint_prep::Args),
+    /// Print the flow-matching Euler schedule (SD3/FLUX sigmas and timesteps), e.g. `--steps 28 --shift 3 --json`.
+    FlowSchedule(commands::flow_schedule::Args),
     /// Print a shell completion script: `mlx-gen completions bash > /etc/bash_completion.d/mlx-gen`.
     Completions {
         #[arg(value_enum)]
@@ -80,6 +84,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match &cli.command {
         Some(Command::Completions { shell }) if !cli.version => return completions::completions(*shell, &mut Cli::command()),
         Some(Command::Man) if !cli.version => return completions::man(Cli::command()),
+        Some(Command::OutpaintPrep(args)) if !cli.version => return commands::outpaint_prep::run(args),
+        Some(Command::FlowSchedule(args)) if !cli.version => return commands::flow_schedule::run(args),
         None if !cli.version => {
             Cli::command().print_help()?;
             return Ok(());
@@ -108,7 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::CachePrompt(args)) => commands::cache_prompt::run(args),
         Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),
         Some(Command::Convert(args)) => commands::convert::run(args),
-        Some(Command::Completions { .. } | Command::Man) | None => Ok(()),
+        Some(Command::Completions { .. } | Command::Man | Command::OutpaintPrep(_) | Command::FlowSchedule(_)) | None => Ok(()),
     }
 }
 

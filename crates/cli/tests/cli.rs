@@ -109,7 +109,7 @@ fn usage_errors_exit_2_in_one_line() {
     assert_error(&run(&["chat", "--model", "x", "--max-kv-size", "3"]), 2, &["max-kv-size"]);
     assert_error(&run(&["frobnicate"]), 2, &["frobnicate"]);
     assert_error(&run(&["completions", "powershell7"]), 2, &["powershell7"]);
-    assert_error(&run(&["chat"]), 2, &["--model"]);
+    assert_error(&run(&["chat", "--model"]), 2, &["--model"]);
     assert_error(&run(&["generate", "--model", "x", "--output", "xml"]), 2, &["xml"]);
     assert_error(&run(&["--device", "tpu", "bench", "--model", "x"]), 2, &["tpu"]);
 }

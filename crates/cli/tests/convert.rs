@@ -144,3 +144,50 @@ fn a_failed_conversion_leaves_nothing() {
     let names: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
     assert_eq!(names, vec![std::ffi::OsString::from("src")], "a half-written output was left: {names:?}");
 }
+
+/// The synthetic llama GGUF of the import tests (tests/oracle/gguf_make_synthetic.py).
+fn synthetic_gguf() -> PathBuf {
+    let dir = work("gguf-synthetic");
+    let out = Command::new(common::venv_python())
+        .arg(common::oracle_dir().join("gguf_make_synthetic.py"))
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gguf_make_synthetic.py");
+    assert!(out.status.success(), "gguf_make_synthetic.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    dir.join("tiny.gguf")
+}
+
+#[test]
+fn gguf_sources_convert_and_truncated_ones_fail_cleanly() {
+    let gguf = synthetic_gguf();
+    let dir = work("gguf");
+    let dst = dir.join("out");
+    let out = ours_convert(&["--model", gguf.to_str().unwrap(), "--mlx-path", dst.to_str().unwrap()]);
+    assert!(out.status.success(), "convert from GGUF failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dst.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["bits"], 4, "{config}");
+    assert!(config["quantization"].as_object().unwrap().contains_key("model.layers.0.self_attn.q_proj"), "{config}");
+
+    // A truncated GGUF: one line, exit 1, no output folder, and nothing in mlx-gen's cache.
+    let bytes = std::fs::read(&gguf).unwrap();
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let bad = dir.join("bad");
+    let out = ours_convert(&["--model", cut.to_str().unwrap(), "--mlx-path", bad.to_str().unwrap()]);
+    one_error_line(&out, "truncated");
+    assert!(!bad.exists());
+    let cache = dir.join("cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
+        .args(["generate", "--model", cut.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"])
+        .env("MLX_GEN_CACHE", &cache)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    one_error_line(&out, "truncated");
+    let models = cache.join("models");
+    let left: Vec<_> = std::fs::read_dir(&models).map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "the failed import left {left:?} in the cache");
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+    assert!(names.iter().all(|n| !n.to_string_lossy().starts_with('.')), "temporary folders left: {names:?}");
+}

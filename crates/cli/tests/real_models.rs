@@ -58,8 +58,13 @@ fn smollm2_knows_the_capital_of_france() {
     let text = chat["text"].as_str().unwrap();
     assert!(text.contains("Paris"), "chat answer without Paris: {text:?}");
     let raw = generate(None, "The capital of France is", 8, true);
-    let text = raw["text"].as_str().unwrap();
-    assert!(text.starts_with(" Paris"), "greedy completion does not start with \" Paris\": {text:?}");
+    // The first token is " Paris" (byte-level BPE `ĠParis`); like mlx-lm's streaming BPE
+    // detokenizer, `text` drops the leading space of the first token.
+    let first = raw["tokens"][0].as_u64().expect("a generated token");
+    let tok: Value = serde_json::from_str(&std::fs::read_to_string(smollm2().join("tokenizer.json")).unwrap()).unwrap();
+    let piece = tok["model"]["vocab"].as_object().unwrap().iter().find(|(_, id)| id.as_u64() == Some(first)).map(|(p, _)| p.clone());
+    assert_eq!(piece.as_deref(), Some("\u{120}Paris"), "greedy completion: {raw}");
+    assert!(raw["text"].as_str().unwrap().starts_with("Paris"), "{raw}");
 }
 
 #[test]
@@ -77,7 +82,7 @@ fn qwen_coder_writes_python_and_matches_mlx_lm() {
     let prompt = "def fibonacci(n):";
     let ours = generate(Some(dir), prompt, 64, true);
     let text = ours["text"].as_str().unwrap();
-    let code = text.contains("return") && (text.contains("fibonacci(") || text.contains("n - 1") || text.contains("n-1"));
+    let code = text.contains("return") && text.contains("\n    ") && (text.contains("if n") || text.contains("for "));
     assert!(code, "not a Python fibonacci body: {text:?}");
     assert_eq!(ours["tokens"], mlx_lm_tokens(dir, prompt, 64, true), "Qwen2.5-Coder, prompt {prompt:?}");
 }

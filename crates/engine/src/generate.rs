@@ -2,7 +2,7 @@
 //! token, then each step queues the next forward pass (async eval) before the current token is
 //! handed out, so the host never waits on the device between tokens. With logits processors the
 //! token history (prompt, then each sampled token) is kept as a lazy array, as mlx-lm does.
-use crate::cache::KvCache;
+use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
@@ -16,11 +16,14 @@ pub struct GenerateConfig {
     /// Prompt tokens per prefill forward pass.
     pub prefill_step_size: usize,
     pub sampler: SamplerConfig,
+    /// `--kv-bits`: caches are quantized once they hold `start` positions (mlx-lm's
+    /// `maybe_quantize_kv_cache`, after each prefill chunk and each step).
+    pub kv_quant: Option<KvQuantConfig>,
 }
 
 impl Default for GenerateConfig {
     fn default() -> Self {
-        GenerateConfig { max_tokens: Some(256), prefill_step_size: 2048, sampler: SamplerConfig::default() }
+        GenerateConfig { max_tokens: Some(256), prefill_step_size: 2048, sampler: SamplerConfig::default(), kv_quant: None }
     }
 }
 
@@ -76,6 +79,9 @@ impl<'m> Generator<'m> {
         if config.prefill_step_size == 0 {
             return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
         }
+        if let Some(q) = &config.kv_quant {
+            q.validate()?;
+        }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing: std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0)) };
         let mut rest: &[i32] = &ids;
@@ -83,6 +89,7 @@ impl<'m> Generator<'m> {
             let n = g.config.prefill_step_size.min(rest.len() - 1);
             let chunk = Array::from_slice(&rest[..n], &[1, n as i32])?; // (1, n)
             g.model.forward(&chunk, &mut g.cache)?;
+            maybe_quantize_kv_cache(&mut g.cache, g.config.kv_quant.as_ref())?;
             let state: Vec<Array> = g.cache.iter().flat_map(|c| c.state()).collect();
             mlx::eval(&state.iter().collect::<Vec<_>>())?;
             if g.tracks_history() {
@@ -110,6 +117,7 @@ impl<'m> Generator<'m> {
             }
             logits = processors.apply(self.history.as_ref(), &logits)?;
         }
+        maybe_quantize_kv_cache(&mut self.cache, self.config.kv_quant.as_ref())?;
         let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
         let sampled = self.config.sampler.sample(&logprobs)?; // (1,)
         Ok((sampled, logprobs.squeeze(&[0])?))

@@ -40,6 +40,16 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// Takes a tensor out of the checkpoint (for `sanitize` rewrites such as stacking experts).
+    pub fn remove(&mut self, name: &str) -> Option<Array> {
+        self.tensors.remove(name)
+    }
+
+    /// Adds a tensor made by a `sanitize` rewrite.
+    pub fn insert(&mut self, name: String, a: Array) {
+        self.tensors.insert(name, a);
+    }
+
     /// Takes a tensor, checking its shape where one is expected.
     pub fn get(&self, name: &str, expected: Option<&[i32]>) -> Result<Array> {
         let a = self.tensors.get(name).ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;

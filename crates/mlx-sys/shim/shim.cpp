@@ -597,4 +597,20 @@ size_t mlxs_set_memory_limit(size_t limit) {
   return mx::set_memory_limit(limit);
 }
 
+int mlxs_gather_mm(mlxs_array* out, const mlxs_array a, const mlxs_array b, const mlxs_array lhs_indices,
+                   const mlxs_array rhs_indices, int sorted_indices) {
+  return guard([&] {
+    *out = wrap(mx::gather_mm(arr(a), arr(b), opt(lhs_indices), opt(rhs_indices), sorted_indices != 0));
+  });
+}
+
+int mlxs_gather_qmm(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                    const mlxs_array biases, const mlxs_array lhs_indices, const mlxs_array rhs_indices,
+                    int transpose, int group_size, int bits, const char* mode, int sorted_indices) {
+  return guard([&] {
+    *out = wrap(mx::gather_qmm(arr(x), arr(w), arr(scales), opt(biases), opt(lhs_indices), opt(rhs_indices),
+                               transpose != 0, group_size, bits, mode, std::nullopt, sorted_indices != 0));
+  });
+}
+
 }  // extern "C"

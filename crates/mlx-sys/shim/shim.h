@@ -118,6 +118,13 @@ void mlxs_clear_cache(void);
 size_t mlxs_set_cache_limit(size_t limit);
 size_t mlxs_set_memory_limit(size_t limit);
 
+/* gathered (per-expert) matmuls: mx::gather_mm and mx::gather_qmm; NULL indices: none */
+int mlxs_gather_mm(mlxs_array* out, const mlxs_array a, const mlxs_array b, const mlxs_array lhs_indices,
+                   const mlxs_array rhs_indices, int sorted_indices);
+int mlxs_gather_qmm(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                    const mlxs_array biases, const mlxs_array lhs_indices, const mlxs_array rhs_indices,
+                    int transpose, int group_size, int bits, const char* mode, int sorted_indices);
+
 #ifdef __cplusplus
 }
 #endif

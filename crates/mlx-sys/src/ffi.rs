@@ -220,4 +220,27 @@ extern "C" {
     pub fn mlxs_clear_cache();
     pub fn mlxs_set_cache_limit(limit: usize) -> usize;
     pub fn mlxs_set_memory_limit(limit: usize) -> usize;
+
+    pub fn mlxs_gather_mm(
+        out: *mut mlxs_array,
+        a: mlxs_array,
+        b: mlxs_array,
+        lhs_indices: mlxs_array,
+        rhs_indices: mlxs_array,
+        sorted_indices: c_int,
+    ) -> c_int;
+    pub fn mlxs_gather_qmm(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        lhs_indices: mlxs_array,
+        rhs_indices: mlxs_array,
+        transpose: c_int,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+        sorted_indices: c_int,
+    ) -> c_int;
 }

@@ -533,3 +533,53 @@ pub fn set_cache_limit(limit: usize) -> usize {
 pub fn set_memory_limit(limit: usize) -> usize {
     unsafe { ffi::mlxs_set_memory_limit(limit) }
 }
+
+// ---- gathered matmuls ----
+
+/// `mx::gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices)`.
+pub fn gather_mm(
+    a: &Handle,
+    b: &Handle,
+    lhs_indices: Option<&Handle>,
+    rhs_indices: Option<&Handle>,
+    sorted_indices: bool,
+) -> Result<Handle> {
+    make(|o| unsafe {
+        ffi::mlxs_gather_mm(o, a.raw(), b.raw(), opt(lhs_indices), opt(rhs_indices), c_int::from(sorted_indices))
+    })
+}
+
+/// `mx::gather_qmm(x, w, scales, biases, lhs_indices, rhs_indices, transpose, group_size, bits, mode,
+/// sorted_indices)`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_qmm(
+    x: &Handle,
+    w: &Handle,
+    scales: &Handle,
+    biases: Option<&Handle>,
+    lhs_indices: Option<&Handle>,
+    rhs_indices: Option<&Handle>,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+    mode: &str,
+    sorted_indices: bool,
+) -> Result<Handle> {
+    let mode = cstring(mode)?;
+    make(|o| unsafe {
+        ffi::mlxs_gather_qmm(
+            o,
+            x.raw(),
+            w.raw(),
+            scales.raw(),
+            opt(biases),
+            opt(lhs_indices),
+            opt(rhs_indices),
+            c_int::from(transpose),
+            group_size,
+            bits,
+            mode.as_ptr(),
+            c_int::from(sorted_indices),
+        )
+    })
+}

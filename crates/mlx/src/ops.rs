@@ -365,3 +365,53 @@ pub fn dequantize(w: &Array, scales: &Array, biases: Option<&Array>, q: QuantSpe
     )
     .map(Array::from_handle)
 }
+
+/// `mx.gather_mm(a, b, lhs_indices, rhs_indices, sorted_indices)`: matmuls of `a` and `b` rows
+/// picked by the indices (mlx-lm's `SwitchLinear`).
+#[track_caller]
+pub fn gather_mm(
+    a: &Array,
+    b: &Array,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    sorted_indices: bool,
+) -> Result<Array> {
+    ctx(
+        "gather_mm",
+        sys::gather_mm(a.handle(), b.handle(), lhs_indices.map(Array::handle), rhs_indices.map(Array::handle), sorted_indices),
+    )
+    .map(Array::from_handle)
+}
+
+/// `mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose, group_size, bits, mode="affine",
+/// sorted_indices)`: the quantized `gather_mm` (mlx-lm's `QuantizedSwitchLinear`), reading only
+/// the chosen experts' weights.
+#[track_caller]
+pub fn gather_qmm(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    transpose: bool,
+    q: QuantSpec,
+    sorted_indices: bool,
+) -> Result<Array> {
+    ctx(
+        "gather_qmm",
+        sys::gather_qmm(
+            x.handle(),
+            w.handle(),
+            scales.handle(),
+            biases.map(Array::handle),
+            None,
+            rhs_indices.map(Array::handle),
+            transpose,
+            q.group_size,
+            q.bits,
+            "affine",
+            sorted_indices,
+        ),
+    )
+    .map(Array::from_handle)
+}

@@ -36,6 +36,9 @@ pub struct Args {
     /// p99 and max (token pacing).
     #[arg(long)]
     pacing: bool,
+    /// KV cache of single-sequence trials: `paged` measures the block-pool cache against the default.
+    #[arg(long, value_enum, default_value = "growing")]
+    kv_cache: super::cache_prompt::KvCacheKind,
 }
 
 /// Inter-token intervals of one trial, in milliseconds.
@@ -177,7 +180,9 @@ fn trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Trial> {
     let tic = Instant::now();
     let mut first = None;
     let mut count = 0usize;
-    let generator = Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)?;
+    let kv = super::cache_prompt::KvArgs { max_kv_size: None, kv_bits: None, kv_group_size: 64, quantized_kv_start: 0 };
+    let cache = super::cache_prompt::make_cache(loaded, &kv, args.kv_cache)?;
+    let generator = Generator::new(loaded.model.as_ref(), prompt, cache, config)?;
     for step in generator {
         step?;
         if first.is_none() {

@@ -147,6 +147,7 @@ fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, sessi
         max_tokens: Some(prep.max_tokens),
         prefill_step_size: args.prefill_step_size as usize,
         sampler,
+        kv_quant: None,
     };
     mlx::runtime::reset_peak_memory();
     STOP.store(false, Ordering::SeqCst);

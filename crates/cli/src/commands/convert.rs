@@ -48,7 +48,7 @@ pub fn run(args: Args) -> Result<()> {
     if is_gguf {
         bar.set_message(format!("Importing {}", src.display()));
         bar.enable_steady_tick(std::time::Duration::from_millis(100));
-        write_atomically(dst, args.force, |tmp| Ok(convert_gguf(src, tmp, &opts)?))
+        write_atomically(dst, args.force, |tmp| convert_gguf(src, tmp, &opts))
             .with_context(|| format!("cannot convert {}", src.display()))?;
     } else {
         let folder = source_folder(src)?;

@@ -2,12 +2,16 @@
 //! streaming, statistics), plus `--output json` for programs.
 use anyhow::{bail, Context, Result};
 use engine::tokenizer::ChatMessage;
+use super::cache_prompt::{KvArgs, KvCacheKind};
 use super::sampling::SamplingArgs;
-use engine::{GenerateConfig, Generator};
+use speculative::SpecArgs;
+use engine::GenerateConfig;
 use serde::Serialize;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Instant;
+
+mod speculative;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,6 +35,17 @@ pub struct Args {
     /// Prompt tokens per prefill step.
     #[arg(long, default_value_t = 2048)]
     prefill_step_size: usize,
+    #[command(flatten)]
+    kv: KvArgs,
+    /// Continue from a prompt cache saved by `mlx-gen cache-prompt` (or mlx-lm's cache_prompt): the prompt is
+    /// taken as what follows the cached one.
+    #[arg(long)]
+    prompt_cache_file: Option<PathBuf>,
+    /// The KV cache implementation (`paged` gives the same tokens; it is there to be measured).
+    #[arg(long, value_enum, default_value = "growing")]
+    kv_cache: KvCacheKind,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Print separators and statistics (prompt and generation tok/s, peak memory) like mlx-lm.
     #[arg(long)]
     verbose: bool,
@@ -61,6 +76,11 @@ struct JsonResult {
     /// Per token (with --top-logprobs K): the K most likely [id, logprob], most likely first.
     #[serde(skip_serializing_if = "Option::is_none")]
     top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// With --draft-model or --prompt-lookup: draft tokens proposed to the model, and accepted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_tokens_proposed: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft_tokens_accepted: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -76,9 +96,37 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the prompt is empty: give some text with --prompt (or on standard input with --prompt -)");
     }
 
-    let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
+    // As mlx-lm's main(): a prompt cache file names its model and must agree with the KV flags.
+    let loaded_cache = match &args.prompt_cache_file {
+        Some(f) => Some(engine::cache::load_prompt_cache(f).with_context(|| format!("cannot read the prompt cache {}", f.display()))?),
+        None => None,
+    };
+    if let Some(q) = loaded_cache.as_ref().and_then(|c| c.cache.first()).and_then(|c| c.quantization()) {
+        if args.kv.kv_bits.is_some_and(|b| b != q.bits) {
+            bail!("--kv-bits does not match the kv cache loaded from --prompt-cache-file.");
+        }
+        if args.kv.kv_group_size != q.group_size {
+            bail!("--kv-group-size does not match the kv cache loaded from --prompt-cache-file.");
+        }
+    }
+    let model_arg = match (&args.model, loaded_cache.as_ref().and_then(|c| c.get("model"))) {
+        (Some(m), Some(cached)) if m.as_os_str() != cached && !same_path(m, cached) => bail!(
+            "Providing a different model ({}) than that used to create the prompt cache ({cached}) is an error.",
+            m.display()
+        ),
+        (None, Some(cached)) => Some(PathBuf::from(cached)),
+        (m, _) => m.clone(),
+    };
+    let model_dir = crate::model_arg::resolve(model_arg.as_deref())?;
     let (loaded, _) = crate::progress::load_model(&model_dir)?;
-    let sampler = args.sampling.for_model(sampler, &loaded)?;
+    if args.spec.enabled() && args.kv.max_kv_size.is_some() {
+        bail!("--max-kv-size does not combine with speculative decoding (its rotating cache cannot be rewound)");
+    }
+    if args.spec.draft_model.is_some() && args.prompt_cache_file.is_some() {
+        bail!("--prompt-cache-file does not combine with --draft-model (the cache holds the model's prompt only)");
+    }
+    let draft = args.spec.load_draft(&loaded)?;
+    let sampler = args.sampling.for_models(sampler, &loaded, draft.as_ref())?;
     let tok = &loaded.tokenizer;
     let use_chat_template = !args.ignore_chat_template && tok.has_chat_template();
     let prompt_ids = if use_chat_template {
@@ -87,7 +135,16 @@ pub fn run(args: Args) -> Result<()> {
             messages.push(ChatMessage { role: "system".into(), content: system.clone() });
         }
         messages.push(ChatMessage { role: "user".into(), content: raw });
-        let text = tok.apply_chat_template(&messages, true)?;
+        let mut text = tok.apply_chat_template(&messages, true)?;
+        if loaded_cache.is_some() {
+            // The prompt is a suffix: the cached prefix ends where the user's message starts.
+            if let Some(m) = messages.last_mut() {
+                m.content = "<query>".into();
+            }
+            let test = tok.apply_chat_template(&messages, true)?;
+            let at = test.find("<query>").context("the chat template drops the message")?;
+            text = text.get(at..).unwrap_or("").to_owned();
+        }
         tok.encode(&text, false)?
     } else {
         tok.encode(&raw, true)?
@@ -100,6 +157,7 @@ pub fn run(args: Args) -> Result<()> {
         max_tokens: Some(args.max_tokens),
         prefill_step_size: args.prefill_step_size,
         sampler,
+        kv_quant: args.kv.quant()?,
     };
     let json = args.output == Output::Json;
     let mut out = std::io::stdout().lock();
@@ -116,10 +174,13 @@ pub fn run(args: Args) -> Result<()> {
     let tic = Instant::now();
     let mut prompt_time = 0.0;
     let mut gen_start = tic;
-    let cache = loaded.model.make_cache();
-    let generator = Generator::new(loaded.model.as_ref(), &prompt_ids, cache, config)?;
-    for step in generator {
-        let step = step?;
+    let cache = match loaded_cache {
+        Some(c) => c.cache,
+        None => super::cache_prompt::make_cache(&loaded, &args.kv, args.kv_cache)?,
+    };
+    let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config)?;
+    for step in stream.by_ref() {
+        let (step, _from_draft) = step?;
         if tokens.is_empty() {
             prompt_time = tic.elapsed().as_secs_f64();
             gen_start = Instant::now();
@@ -162,6 +223,8 @@ pub fn run(args: Args) -> Result<()> {
             finish_reason,
             logprobs: want_logprobs.then_some(logprobs),
             top_logprobs: (want_logprobs && top_k > 0).then_some(top_logprobs),
+            draft_tokens_proposed: stream.stats().map(|s| s.proposed),
+            draft_tokens_accepted: stream.stats().map(|s| s.accepted),
         };
         serde_json::to_writer(&mut out, &result)?;
         writeln!(out)?;
@@ -173,7 +236,19 @@ pub fn run(args: Args) -> Result<()> {
         writeln!(out, "==========")?;
         writeln!(out, "Prompt: {} tokens, {prompt_tps:.3} tokens-per-sec", prompt_ids.len())?;
         writeln!(out, "Generation: {counted} tokens, {generation_tps:.3} tokens-per-sec")?;
+        if let Some(s) = stream.stats() {
+            let rate = 100.0 * s.acceptance_rate();
+            writeln!(out, "Draft: {} of {} proposed tokens accepted ({rate:.1}%), {} verify passes", s.accepted, s.proposed, s.rounds)?;
+        }
         writeln!(out, "Peak memory: {peak_memory_gb:.3} GB")?;
     }
     Ok(())
+}
+
+/// Whether `a` and `b` name the same existing folder or file.
+fn same_path(a: &std::path::Path, b: &str) -> bool {
+    match (a.canonicalize(), std::path::Path::new(b).canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
 }

@@ -105,11 +105,22 @@ impl SamplingArgs {
 
     /// Completes `config` for the loaded model as mlx_lm.generate does (XTC's special tokens:
     /// `encode("\n")` and the EOS ids), checks the vocabulary-bound values, and seeds MLX's key.
-    pub fn for_model(&self, mut config: SamplerConfig, loaded: &LoadedModel) -> Result<SamplerConfig> {
+    pub fn for_model(&self, config: SamplerConfig, loaded: &LoadedModel) -> Result<SamplerConfig> {
+        self.for_models(config, loaded, None)
+    }
+
+    /// [`Self::for_model`] with a draft model, which mlx_lm.generate loads after the model: its
+    /// load draws from the seeded key too.
+    pub fn for_models(&self, mut config: SamplerConfig, loaded: &LoadedModel, draft: Option<&LoadedModel>) -> Result<SamplerConfig> {
         config.xtc_special_tokens = engine::sample::xtc_special_tokens(loaded)?;
         config.validate_vocab(loaded.model.vocab_size())?;
         if let Some(seed) = self.seed {
             engine::sample::seed_as_mlx_lm(seed, loaded)?;
+            if let Some(d) = draft {
+                for _ in 0..engine::sample::init_random_draws(&d.path, &d.config)? {
+                    drop(mlx::random::uniform(&[], mlx::Dtype::F32)?);
+                }
+            }
         }
         Ok(config)
     }

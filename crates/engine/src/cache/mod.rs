@@ -6,12 +6,14 @@ mod mask;
 pub mod paged;
 mod quantized;
 mod rotating;
+#[cfg(test)]
+mod tests;
 
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
 pub use growing::GrowingCache;
 pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
 pub use paged::{BlockAllocator, PagedCache, PagedPool};
-pub use quantized::QuantizedCache;
+pub use quantized::{quantized_sdpa, QuantizedCache};
 pub use rotating::RotatingCache;
 
 use crate::error::{EngineError, Result};

@@ -1,6 +1,6 @@
 //! `llama` (Llama 2, 3, 3.1, 3.2 and SmolLM) and `mistral`, as mlx-lm's `models/llama.py`:
 //! optional attention/MLP biases, explicit `head_dim`, rope scaling `linear` or `llama3`.
-use super::transformer::{Decoder, DecoderSpec};
+use super::transformer::{CacheLayout, Decoder, DecoderSpec};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -35,6 +35,8 @@ pub struct Config {
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub sliding_window: Option<i32>,
 }
 
 fn default_theta() -> f64 {
@@ -47,8 +49,22 @@ fn yes() -> bool {
 
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
     let c: Config = serde_json::from_value(config.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
-    if c.layer_types.iter().flatten().any(|t| t != "full_attention") {
-        return Err(EngineError::Config("sliding-window attention layers are not supported yet".into()));
+    // As mlx-lm's llama.py: `layer_types` (default all full attention) picks a rotating cache of
+    // `sliding_window` positions for each sliding layer, and the model makes its own caches.
+    let layer_types = c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers.max(0) as usize]);
+    if let Some(t) = layer_types.iter().find(|t| *t != "full_attention" && *t != "sliding_attention") {
+        return Err(EngineError::Config(format!("layer type {t:?} is not supported (full_attention, sliding_attention)")));
+    }
+    if layer_types.len() != c.num_hidden_layers.max(0) as usize {
+        return Err(EngineError::Config(format!("{} layer_types for {} layers", layer_types.len(), c.num_hidden_layers)));
+    }
+    if !layer_types.iter().any(|t| t == "full_attention") {
+        return Err(EngineError::Config("layer_types has no full_attention layer (mlx-lm needs one)".into()));
+    }
+    let sliding: Vec<bool> = layer_types.iter().map(|t| t == "sliding_attention").collect();
+    let sliding_window = c.sliding_window.filter(|&w| w > 0);
+    if sliding.iter().any(|&s| s) && sliding_window.is_none() {
+        return Err(EngineError::Config("sliding_attention layers need a positive sliding_window".into()));
     }
     let n_heads = c.num_attention_heads;
     let head_dim = c.head_dim.unwrap_or(c.hidden_size / n_heads.max(1));
@@ -61,6 +77,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         rms_norm_eps: c.rms_norm_eps,
         mlp_bias: c.mlp_bias,
         tie_word_embeddings: c.tie_word_embeddings,
+        cache_layout: CacheLayout::PerLayer { sliding, sliding_window },
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads,

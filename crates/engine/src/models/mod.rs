@@ -1,8 +1,12 @@
 //! The model trait and the registry from config.json's `model_type` to an architecture file.
+pub mod deepseek_v2;
+pub mod deepseek_v3;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 mod transformer;
+
+pub use transformer::CacheLayout;
 
 use crate::cache::KvCache;
 use crate::error::{EngineError, Result};
@@ -18,6 +22,12 @@ pub trait Model: Send {
     fn parameters(&self) -> Vec<&Array>;
     /// One fresh cache per layer.
     fn make_cache(&self) -> Vec<Box<dyn KvCache>>;
+    /// mlx-lm's `make_prompt_cache(model, max_kv_size)`: rotating caches (keep 4) of `max_kv_size`
+    /// positions unless the model makes its own caches.
+    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        let _ = max_kv_size;
+        self.make_cache()
+    }
     /// tokens (B, L) -> logits (B, L, vocab), appending to `cache`.
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array>;
 }
@@ -25,8 +35,14 @@ pub trait Model: Send {
 type Loader = fn(&serde_json::Value, &mut Weights, &QuantConfig) -> Result<Box<dyn Model>>;
 
 /// `model_type` -> loader; aliases as in mlx-lm (`mistral` is llama).
-const REGISTRY: &[(&str, Loader)] =
-    &[("llama", llama::load), ("mistral", llama::load), ("qwen2", qwen2::load), ("qwen3", qwen3::load)];
+const REGISTRY: &[(&str, Loader)] = &[
+    ("llama", llama::load),
+    ("mistral", llama::load),
+    ("qwen2", qwen2::load),
+    ("qwen3", qwen3::load),
+    ("deepseek_v2", deepseek_v2::load),
+    ("deepseek_v3", deepseek_v3::load),
+];
 
 pub fn supported_model_types() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()

@@ -2,11 +2,10 @@
 //! pre-norm blocks (attention + SwiGLU MLP, residuals), final norm and a tied or separate head.
 //! Each architecture file only reads its config into a [`DecoderSpec`].
 use super::Model;
-use crate::cache::{GrowingCache, KvCache};
+use crate::cache::{CacheMask, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::{Attention, AttentionSpec, Embedding, Linear, QuantConfig, RmsNorm, Rope};
 use crate::weights::Weights;
-use mlx::fast::Mask;
 use mlx::Array;
 
 /// Everything that distinguishes one dense architecture from another.
@@ -19,7 +18,24 @@ pub struct DecoderSpec {
     pub rms_norm_eps: f64,
     pub mlp_bias: bool,
     pub tie_word_embeddings: bool,
+    pub cache_layout: CacheLayout,
     pub attention: AttentionSpec,
+}
+
+/// How the model makes its KV caches, as its mlx-lm class does.
+#[derive(Clone, Debug)]
+pub enum CacheLayout {
+    /// No `make_cache` in mlx-lm: growing caches, or rotating ones (keep 4) with `--max-kv-size`.
+    Default,
+    /// mlx-lm's `make_cache` (llama.py): a rotating cache of `sliding_window` positions for each
+    /// sliding layer, a growing one otherwise; `--max-kv-size` does not apply (as in mlx-lm).
+    PerLayer { sliding: Vec<bool>, sliding_window: Option<i32> },
+}
+
+impl CacheLayout {
+    fn is_sliding(&self, layer: usize) -> bool {
+        matches!(self, CacheLayout::PerLayer { sliding, .. } if sliding.get(layer).copied().unwrap_or(false))
+    }
 }
 
 #[derive(Clone)]
@@ -143,7 +159,23 @@ impl Model for Decoder {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
-        self.layers.iter().map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()
+        (0..self.layers.len())
+            .map(|i| match &self.spec.cache_layout {
+                CacheLayout::PerLayer { sliding_window: Some(w), .. } if self.spec.cache_layout.is_sliding(i) => {
+                    Box::new(RotatingCache::new(*w, 0)) as Box<dyn KvCache>
+                }
+                _ => Box::new(GrowingCache::new()) as Box<dyn KvCache>,
+            })
+            .collect()
+    }
+
+    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        match (&self.spec.cache_layout, max_kv_size) {
+            (CacheLayout::Default, Some(n)) => {
+                self.layers.iter().map(|_| Box::new(RotatingCache::new(n, 4)) as Box<dyn KvCache>).collect()
+            }
+            _ => self.make_cache(),
+        }
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
@@ -155,9 +187,22 @@ impl Model for Decoder {
             )));
         }
         let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
-        let mask = if tokens.dim(1) > 1 { Mask::Causal } else { Mask::None };
-        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.clone(), c.as_mut())?;
+        // As mlx-lm: the mask comes from the first full-attention layer's cache, and the sliding
+        // one from the first sliding layer's cache with the window.
+        let n = tokens.dim(1);
+        let layout = &self.spec.cache_layout;
+        let fa = (0..cache.len()).find(|&i| !layout.is_sliding(i)).unwrap_or(0);
+        let fa_mask = cache[fa].make_mask(n, None)?;
+        let swa_mask = match layout {
+            CacheLayout::PerLayer { sliding_window, .. } => match (0..cache.len()).find(|&i| layout.is_sliding(i)) {
+                Some(i) => cache[i].make_mask(n, *sliding_window)?,
+                None => CacheMask::None,
+            },
+            CacheLayout::Default => CacheMask::None,
+        };
+        for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+            let mask = if layout.is_sliding(i) { swa_mask.as_mask() } else { fa_mask.as_mask() };
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, c.as_mut())?;
             let h1 = h.add(&r)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&r)?;

@@ -128,9 +128,17 @@ impl Attention {
         let offset = cache.offset();
         let queries = self.rope.forward(&queries, offset)?;
         let keys = self.rope.forward(&keys, offset)?;
-        let (keys, values) = cache.update_and_fetch(&keys, &values)?; // (B, kv_heads, S, head_dim)
-
-        let out = fast::sdpa(&queries, &keys, &values, self.scale, mask)?; // (B, heads, L, head_dim)
+        let out = match cache.quantization() {
+            // mlx-lm's quantized_scaled_dot_product_attention over a QuantizedKVCache.
+            Some(spec) => {
+                let (keys, values) = cache.update_and_fetch_quantized(&keys, &values)?;
+                crate::cache::quantized_sdpa(&queries, &keys, &values, self.scale, mask, spec)?
+            }
+            None => {
+                let (keys, values) = cache.update_and_fetch(&keys, &values)?; // (B, kv_heads, S, head_dim)
+                fast::sdpa(&queries, &keys, &values, self.scale, mask)? // (B, heads, L, head_dim)
+            }
+        };
         let out = if l == 1 {
             out.reshape(&[b, 1, -1])? // (B, heads, 1, D) is already (B, 1, heads * D) in memory
         } else {

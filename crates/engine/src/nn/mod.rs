@@ -4,6 +4,8 @@
 mod attention;
 mod embedding;
 mod linear;
+pub mod mla;
+pub mod moe;
 mod norm;
 mod quant;
 mod rope;

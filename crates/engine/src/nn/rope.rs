@@ -1,5 +1,6 @@
 //! Rotary position embeddings as mlx-lm's `initialize_rope` builds them: plain (`nn.RoPE`), `linear`
-//! scaling, and Llama 3's frequency smoothing (`Llama3RoPE`), all through `mx.fast.rope`.
+//! scaling, Llama 3's frequency smoothing (`Llama3RoPE`) and YaRN (`YarnRoPE`), all through
+//! `mx.fast.rope`.
 use crate::error::{EngineError, Result};
 use mlx::{fast, ops, Array, Dtype};
 use serde::Deserialize;
@@ -15,6 +16,11 @@ pub struct RopeScaling {
     pub low_freq_factor: Option<f64>,
     pub high_freq_factor: Option<f64>,
     pub original_max_position_embeddings: Option<f64>,
+    /// YaRN (`YarnRoPE`): correction range and attention-scale factors.
+    pub beta_fast: Option<f64>,
+    pub beta_slow: Option<f64>,
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
 }
 
 #[derive(Clone)]
@@ -23,6 +29,8 @@ pub enum Rope {
     Base { dims: i32, traditional: bool, base: f32, scale: f32 },
     /// Explicit per-pair frequencies (dims / 2,), float32.
     Freqs { dims: i32, traditional: bool, freqs: Array },
+    /// `YarnRoPE`: explicit frequencies, and the first `dims` features scaled by `mscale` first.
+    Yarn { dims: i32, traditional: bool, freqs: Array, mscale: f64 },
 }
 
 impl Rope {
@@ -56,7 +64,47 @@ impl Rope {
             Rope::Freqs { dims, traditional, freqs } => {
                 fast::rope(x, *dims, *traditional, None, 1.0, offset, Some(freqs))?
             }
+            Rope::Yarn { dims, traditional, freqs, mscale } => {
+                // x.at[..., :dims].multiply(mscale) when mscale != 1.0 (a weak Python float).
+                let x = if *mscale == 1.0 {
+                    x.clone()
+                } else if x.dim(-1) == *dims {
+                    x.mul_scalar(*mscale)?
+                } else {
+                    let head = x.slice_axis(-1, 0, *dims)?.mul_scalar(*mscale)?;
+                    ops::concatenate(&[&head, &x.slice_axis(-1, *dims, i32::MAX)?], -1)?
+                };
+                fast::rope(&x, *dims, *traditional, None, 1.0, offset, Some(freqs))?
+            }
         })
+    }
+
+    /// mlx-lm's `YarnRoPE` (rope_utils.py; also deepseek_v2.py's `DeepseekV2YarnRotaryEmbedding`,
+    /// which computes the same): YaRN frequencies blended by a linear ramp over the correction
+    /// range, and the `mscale / mscale_all_dim` input scale.
+    pub fn yarn(dims: i32, base: f64, traditional: bool, s: &RopeScaling) -> Result<Rope> {
+        let factor = s.factor.ok_or_else(|| EngineError::Config("yarn rope_scaling needs a factor".into()))?;
+        let original = s.original_max_position_embeddings.unwrap_or(4096.0);
+        let (beta_fast, beta_slow) = (s.beta_fast.unwrap_or(32.0), s.beta_slow.unwrap_or(1.0));
+        let d = f64::from(dims);
+        let correction_dim = |rotations: f64| (d * (original / (rotations * 2.0 * PI)).ln()) / (2.0 * base.ln());
+        let low = correction_dim(beta_fast).floor().max(0.0);
+        let high = correction_dim(beta_slow).ceil().min(d - 1.0);
+        let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+        let mscale = get_mscale(factor, s.mscale.unwrap_or(1.0)) / get_mscale(factor, s.mscale_all_dim.unwrap_or(0.0));
+
+        let freq_extra = Array::scalar(base, Dtype::F32)?.power(&ops::arange(0.0, d, 2.0, Dtype::F32)?.div_scalar(d)?)?;
+        let freq_inter = freq_extra.mul_scalar(factor)?;
+        // yarn_linear_ramp_mask(low, high, dims // 2)
+        let high = if low == high { high + 0.001 } else { high };
+        let ramp = ops::arange(0.0, f64::from(dims / 2), 1.0, Dtype::F32)?.sub_scalar(low)?.div_scalar(high - low)?;
+        let ramp = ramp.maximum_scalar(0.0)?.minimum_scalar(1.0)?;
+        let one = Array::scalar(1.0, Dtype::F32)?;
+        let freq_mask = one.sub(&ramp)?;
+        let denom = freq_inter.mul(&freq_mask)?.add(&freq_extra.mul(&one.sub(&freq_mask)?)?)?;
+        let freqs = freq_inter.mul(&freq_extra)?.div(&denom)?;
+        freqs.eval()?;
+        Ok(Rope::Yarn { dims, traditional, freqs, mscale })
     }
 }
 

@@ -94,7 +94,7 @@ impl Session {
             reused = 0; // never expected: start over rather than attend to unknown positions
         }
         for c in &mut self.cache {
-            c.trim((offset - reused) as i32);
+            c.trim((offset - reused) as i32)?;
         }
         self.cache_ids.truncate(reused);
         let max_tokens = match self.max_kv_size {
@@ -119,7 +119,8 @@ impl Session {
         // A step queued past the last consumed token was fed the last handed token: keep what is known.
         let keep = ids.len() + fed;
         for c in &mut self.cache {
-            c.trim(c.offset() - keep as i32);
+            // Growing caches always trim; a failure would show as a fresh start on the next turn.
+            let _ = c.trim(c.offset() - keep as i32);
         }
         self.cache_ids = ids.iter().chain(&handed[..fed]).copied().collect();
     }

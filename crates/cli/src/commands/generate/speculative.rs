@@ -1,0 +1,107 @@
+//! `generate`'s speculative decoding flags (`--draft-model`, `--prompt-lookup`, `--num-draft-tokens`, `--adaptive-draft`) and the token stream that is plain or speculative.
+use anyhow::{bail, Result};
+use engine::cache::KvCache;
+use engine::models::Model;
+use engine::{Draft, GenerateConfig, Generated, Generator, LoadedModel, SpecStats, SpeculativeConfig, SpeculativeGenerator};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Speculative decoding: a smaller model with the same tokenizer drafts tokens that the model
+    /// verifies in one pass (same output, as mlx-lm's).
+    #[arg(long, conflicts_with = "prompt_lookup")]
+    pub draft_model: Option<PathBuf>,
+    /// Tokens drafted per round with --draft-model or --prompt-lookup.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub num_draft_tokens: u32,
+    /// Speculative decoding without a draft model: propose the continuation of the latest earlier
+    /// match of the last N-gram (N down to 1) in the prompt and the text so far.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub prompt_lookup: Option<u32>,
+    /// Adapt the draft length to the acceptance (+2 after a fully accepted round, -1 after a
+    /// rejection, within 1..=4x --num-draft-tokens).
+    #[arg(long)]
+    pub adaptive_draft: bool,
+}
+
+impl SpecArgs {
+    pub fn enabled(&self) -> bool {
+        self.draft_model.is_some() || self.prompt_lookup.is_some()
+    }
+
+    /// Loads `--draft-model` and checks that its vocabulary is the model's.
+    pub fn load_draft(&self, target: &LoadedModel) -> Result<Option<LoadedModel>> {
+        let Some(path) = &self.draft_model else { return Ok(None) };
+        let dir = crate::model_arg::resolve(Some(path))?;
+        let (draft, _) = crate::progress::load_model(&dir)?;
+        check_vocab(target, &draft, &dir)?;
+        Ok(Some(draft))
+    }
+
+    /// The token stream: speculative with a draft model or prompt lookup, else plain.
+    pub fn stream<'m>(
+        &self,
+        model: &'m dyn Model,
+        draft: Option<&'m LoadedModel>,
+        prompt: &[u32],
+        cache: Vec<Box<dyn KvCache>>,
+        config: GenerateConfig,
+    ) -> Result<Tokens<'m>> {
+        let spec = SpeculativeConfig { num_draft_tokens: self.num_draft_tokens as usize, adaptive: self.adaptive_draft };
+        let drafter = match (draft, self.prompt_lookup) {
+            (Some(d), _) => Draft::Model { model: d.model.as_ref(), cache: d.model.make_cache() },
+            (None, Some(n)) => Draft::PromptLookup { ngram: n as usize },
+            (None, None) => return Ok(Tokens::Plain(Generator::new(model, prompt, cache, config)?)),
+        };
+        Ok(Tokens::Spec(SpeculativeGenerator::new(model, prompt, cache, drafter, config, spec)?))
+    }
+}
+
+/// The draft must tokenize as the model does: same vocabulary size (mlx-lm's check) and tokens.
+fn check_vocab(target: &LoadedModel, draft: &LoadedModel, dir: &std::path::Path) -> Result<()> {
+    let (t, d) = (&target.tokenizer, &draft.tokenizer);
+    if t.vocab_size() != d.vocab_size() {
+        bail!(
+            "the draft model {} has a vocabulary of {} tokens, the model {}: speculative decoding needs the same tokenizer",
+            dir.display(),
+            d.vocab_size(),
+            t.vocab_size()
+        );
+    }
+    if let Some(id) = (0..t.vocab_size() as u32).find(|&id| t.id_to_token(id) != d.id_to_token(id)) {
+        bail!(
+            "the draft model {} has another vocabulary (token {id} is {:?}, the model's is {:?}): speculative decoding needs the same tokenizer",
+            dir.display(),
+            d.id_to_token(id).unwrap_or_default(),
+            t.id_to_token(id).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// Plain or speculative generation, yielding (token, whether it is an accepted draft token).
+pub enum Tokens<'m> {
+    Plain(Generator<'m>),
+    Spec(SpeculativeGenerator<'m>),
+}
+
+impl Tokens<'_> {
+    /// Draft statistics (speculative decoding only).
+    pub fn stats(&self) -> Option<SpecStats> {
+        match self {
+            Tokens::Plain(_) => None,
+            Tokens::Spec(s) => Some(s.stats()),
+        }
+    }
+}
+
+impl Iterator for Tokens<'_> {
+    type Item = engine::Result<(Generated, bool)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Tokens::Plain(g) => g.next().map(|r| r.map(|g| (g, false))),
+            Tokens::Spec(s) => s.next().map(|r| r.map(|t| (Generated { token: t.token, logprobs: t.logprobs }, t.from_draft))),
+        }
+    }
+}

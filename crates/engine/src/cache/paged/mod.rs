@@ -1,0 +1,238 @@
+//! The paged KV cache: keys and values of all sequences live in fixed-size blocks of one pool per
+//! process (one storage array per layer, grown as blocks are first used, capped by a byte budget);
+//! a sequence holds a block table; identical prompt prefixes share full blocks (see [`alloc`]).
+pub mod alloc;
+
+pub use alloc::{AllocError, BlockAllocator, BlockId, SeqId};
+
+use super::{KvCache, StateNode};
+use crate::error::{EngineError, Result};
+use mlx::{ops, Array};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Blocks added to a layer's storage at a time.
+const GROW_BLOCKS: usize = 16;
+
+struct Inner {
+    alloc: BlockAllocator,
+    /// Per layer: keys and values storage (blocks, kv_heads, block_size, dim).
+    layers: Vec<Option<(Array, Array)>>,
+    budget_bytes: usize,
+}
+
+/// The shared block pool. Clone it to share; sequences made from it share prefixes.
+#[derive(Clone)]
+pub struct PagedPool(Arc<Mutex<Inner>>);
+
+fn err(e: AllocError) -> EngineError {
+    EngineError::Invalid(e.to_string())
+}
+
+impl PagedPool {
+    /// A pool for a model of `num_layers` layers, blocks of `block_size` positions, and at most
+    /// `budget_bytes` of key/value storage over all layers.
+    pub fn new(num_layers: usize, block_size: usize, budget_bytes: usize) -> PagedPool {
+        let inner = Inner {
+            alloc: BlockAllocator::new(block_size.max(1), usize::MAX),
+            layers: (0..num_layers).map(|_| None).collect(),
+            budget_bytes,
+        };
+        PagedPool(Arc::new(Mutex::new(inner)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One cache per layer for a new sequence with prompt `tokens`, and how many leading prompt
+    /// positions are already in it (shared from an earlier sequence): prefill only the rest.
+    pub fn new_sequence(&self, tokens: &[u32]) -> (Vec<Box<dyn KvCache>>, usize) {
+        let mut inner = self.lock();
+        let (seq, reused) = inner.alloc.allocate(tokens);
+        let n = inner.layers.len();
+        drop(inner);
+        let handle = Arc::new(SeqHandle { pool: self.clone(), seq });
+        let caches = (0..n)
+            .map(|layer| Box::new(PagedCache { seq: handle.clone(), layer, offset: reused as i32 }) as Box<dyn KvCache>)
+            .collect();
+        (caches, reused)
+    }
+
+    /// Bytes of storage the pool holds now (all layers).
+    pub fn nbytes(&self) -> usize {
+        self.lock().layers.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
+    }
+
+    /// (blocks held by sequences, cached unreferenced blocks, live sequences).
+    pub fn usage(&self) -> (usize, usize, usize) {
+        let inner = self.lock();
+        (inner.alloc.used_blocks(), inner.alloc.cached_blocks(), inner.alloc.num_sequences())
+    }
+
+    /// Drops the cached prefixes no sequence holds.
+    pub fn clear_cached(&self) {
+        self.lock().alloc.clear_cached();
+    }
+}
+
+/// Frees its sequence when the last layer cache of it goes.
+struct SeqHandle {
+    pool: PagedPool,
+    seq: SeqId,
+}
+
+impl Drop for SeqHandle {
+    fn drop(&mut self) {
+        let _ = self.pool.lock().alloc.free(self.seq);
+    }
+}
+
+/// One layer's view of one sequence in a [`PagedPool`]. Batch size 1.
+pub struct PagedCache {
+    seq: Arc<SeqHandle>,
+    layer: usize,
+    offset: i32,
+}
+
+impl Inner {
+    /// The first write fixes the block shapes, hence how many blocks the byte budget holds.
+    fn fix_capacity(&mut self, keys: &Array, values: &Array) {
+        if self.alloc.capacity() == usize::MAX {
+            let bs = self.alloc.block_size();
+            let per_block = bs * (keys.dim(1) * (keys.dim(3) + values.dim(3))) as usize * keys.dtype().size() * self.layers.len();
+            self.alloc.set_capacity((self.budget_bytes / per_block.max(1)).max(1));
+        }
+    }
+
+    /// Grows a layer's storage to hold blocks `0..blocks`.
+    fn ensure_storage(&mut self, layer: usize, blocks: usize, keys: &Array, values: &Array) -> Result<()> {
+        let bs = self.alloc.block_size() as i32;
+        let (heads, k_dim, v_dim) = (keys.dim(1), keys.dim(3), values.dim(3));
+        let have = self.layers[layer].as_ref().map_or(0, |(k, _)| k.dim(0) as usize);
+        if have >= blocks {
+            return Ok(());
+        }
+        let want = (blocks.div_ceil(GROW_BLOCKS) * GROW_BLOCKS).min(self.alloc.capacity().max(blocks));
+        let add = (want - have) as i32;
+        let zk = ops::zeros(&[add, heads, bs, k_dim], keys.dtype())?;
+        let zv = ops::zeros(&[add, heads, bs, v_dim], values.dtype())?;
+        self.layers[layer] = Some(match self.layers[layer].take() {
+            Some((k, v)) => (ops::concatenate(&[&k, &zk], 0)?, ops::concatenate(&[&v, &zv], 0)?),
+            None => (zk, zv),
+        });
+        Ok(())
+    }
+}
+
+impl PagedCache {
+    fn gather(inner: &Inner, table: &[BlockId], layer: usize, len: i32) -> Result<(Array, Array)> {
+        let (k, v) = inner.layers[layer].as_ref().ok_or_else(|| EngineError::Invalid("empty paged cache".into()))?;
+        let ids: Vec<i32> = table.iter().map(|&b| b as i32).collect();
+        let idx = Array::from_slice(&ids, &[ids.len() as i32])?;
+        let one = |pool: &Array| -> Result<Array> {
+            let g = pool.take(&idx, 0)?; // (nb, H, bs, D)
+            let (nb, h, bs, d) = (g.dim(0), g.dim(1), g.dim(2), g.dim(3));
+            let g = g.transpose(&[1, 0, 2, 3])?.reshape(&[1, h, nb * bs, d])?;
+            Ok(if nb * bs == len { g } else { g.slice_axis(2, 0, len)? })
+        };
+        Ok((one(k)?, one(v)?))
+    }
+}
+
+impl KvCache for PagedCache {
+    fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        if keys.dim(0) != 1 {
+            return Err(EngineError::Invalid("the paged KV cache holds one sequence per cache (batch size 1)".into()));
+        }
+        let n = keys.dim(2);
+        let mut guard = self.seq.pool.lock();
+        let inner = &mut *guard;
+        let seq = self.seq.seq;
+        inner.fix_capacity(keys, values);
+        let held = inner.alloc.seq_len(seq).ok_or_else(|| err(AllocError::UnknownSequence(seq)))? as i32;
+        if self.offset + n > held {
+            if self.offset < held {
+                inner.alloc.truncate(seq, self.offset as usize).map_err(err)?;
+            }
+            let copies = inner.alloc.extend(seq, (self.offset + n - inner.alloc.seq_len(seq).unwrap_or(0) as i32) as usize).map_err(err)?;
+            for (src, dst) in copies {
+                for l in 0..inner.layers.len() {
+                    if let Some((k, v)) = inner.layers[l].take() {
+                        let cp = |a: &Array| -> Result<Array> {
+                            let blk = a.slice_axis(0, src as i32, src as i32 + 1)?;
+                            let mut stop = a.shape();
+                            stop[0] = dst as i32 + 1;
+                            Ok(a.slice_update(&blk, &[dst as i32, 0, 0, 0], &stop)?)
+                        };
+                        inner.layers[l] = Some((cp(&k)?, cp(&v)?));
+                    }
+                }
+            }
+        }
+        let table = inner.alloc.block_table(seq).unwrap_or(&[]).to_vec();
+        let max_block = table.iter().copied().max().map_or(0, |b| b + 1);
+        inner.ensure_storage(self.layer, max_block, keys, values)?;
+        let bs = inner.alloc.block_size() as i32;
+        let (mut pk, mut pv) = inner.layers[self.layer].take().ok_or_else(|| EngineError::Invalid("no storage".into()))?;
+        let mut pos = self.offset;
+        while pos < self.offset + n {
+            let (blk, slot) = (table[(pos / bs) as usize] as i32, pos % bs);
+            let run = (bs - slot).min(self.offset + n - pos);
+            let i = pos - self.offset;
+            let kk = keys.slice_axis(2, i, i + run)?;
+            let vv = values.slice_axis(2, i, i + run)?;
+            pk = pk.slice_update(&kk, &[blk, 0, slot, 0], &[blk + 1, pk.dim(1), slot + run, pk.dim(3)])?;
+            pv = pv.slice_update(&vv, &[blk, 0, slot, 0], &[blk + 1, pv.dim(1), slot + run, pv.dim(3)])?;
+            pos += run;
+        }
+        inner.layers[self.layer] = Some((pk, pv));
+        self.offset += n;
+        let used = (self.offset as usize).div_ceil(bs as usize);
+        Self::gather(inner, &table[..used], self.layer, self.offset)
+    }
+
+    fn trim(&mut self, n: i32) -> Result<i32> {
+        let n = n.min(self.offset).max(0);
+        self.offset -= n;
+        let mut inner = self.seq.pool.lock();
+        let held = inner.alloc.seq_len(self.seq.seq).unwrap_or(0);
+        if (self.offset as usize) < held {
+            inner.alloc.truncate(self.seq.seq, self.offset as usize).map_err(err)?;
+        }
+        Ok(n)
+    }
+
+    fn state(&self) -> Vec<Array> {
+        let inner = self.seq.pool.lock();
+        inner.layers[self.layer].iter().flat_map(|(k, v)| [k.clone(), v.clone()]).collect()
+    }
+
+    /// This sequence's share: its blocks' bytes in this layer.
+    fn nbytes(&self) -> usize {
+        let inner = self.seq.pool.lock();
+        let blocks = inner.alloc.block_table(self.seq.seq).map_or(0, <[BlockId]>::len);
+        inner.layers[self.layer].as_ref().map_or(0, |(k, v)| {
+            let per = (k.nbytes() + v.nbytes()) / (k.dim(0).max(1) as usize);
+            per * blocks
+        })
+    }
+
+    /// Saved as mlx-lm's `KVCache` (the blocks gathered in order).
+    fn saved_state(&self) -> Result<(&'static str, Vec<StateNode>)> {
+        let inner = self.seq.pool.lock();
+        let table = inner.alloc.block_table(self.seq.seq).unwrap_or(&[]).to_vec();
+        if self.offset == 0 || inner.layers[self.layer].is_none() {
+            return Ok(("KVCache", vec![StateNode::None, StateNode::None, StateNode::Int(0)]));
+        }
+        let used = (self.offset as usize).div_ceil(inner.alloc.block_size());
+        let (k, v) = Self::gather(&inner, &table[..used], self.layer, self.offset)?;
+        Ok(("KVCache", vec![StateNode::Array(k), StateNode::Array(v), StateNode::Int(i64::from(self.offset))]))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,40 @@
+//! `trim` on every cache kind: where it works, and the clear error where it cannot.
+use super::*;
+use mlx::{ops, Dtype};
+
+fn kv(n: i32) -> Array {
+    ops::arange(0.0, f64::from(n * 32), 1.0, Dtype::F32).unwrap().reshape(&[1, 1, n, 32]).unwrap()
+}
+
+#[test]
+fn growing_quantized_and_paged_caches_trim() {
+    let spec = QuantSpec { group_size: 32, bits: 8 };
+    let pool = PagedPool::new(1, 4, 1 << 20);
+    let mut caches: Vec<Box<dyn KvCache>> =
+        vec![Box::new(GrowingCache::new()), Box::new(QuantizedCache::new(spec)), pool.new_sequence(&[]).0.remove(0)];
+    for c in &mut caches {
+        if c.quantization().is_some() {
+            c.update_and_fetch_quantized(&kv(10), &kv(10)).unwrap();
+        } else {
+            c.update_and_fetch(&kv(10), &kv(10)).unwrap();
+        }
+        assert!(c.is_trimmable());
+        assert_eq!(c.trim(3).unwrap(), 3);
+        assert_eq!(c.offset(), 7);
+        assert_eq!(c.trim(100).unwrap(), 7);
+        assert_eq!(c.offset(), 0);
+    }
+}
+
+#[test]
+fn a_wrapped_rotating_cache_refuses_to_trim() {
+    let mut c = RotatingCache::new(8, 4);
+    c.update_and_fetch(&kv(5), &kv(5)).unwrap();
+    assert_eq!(c.trim(2).unwrap(), 2);
+    c.update_and_fetch(&kv(6), &kv(6)).unwrap();
+    assert!(!c.is_trimmable());
+    let e = c.trim(1).unwrap_err().to_string();
+    assert!(e.contains("cannot be trimmed"), "{e}");
+    let mut all: Vec<Box<dyn KvCache>> = vec![Box::new(c)];
+    assert!(trim_prompt_cache(&mut all, 1).is_err());
+}

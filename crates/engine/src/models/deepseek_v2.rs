@@ -1,0 +1,342 @@
+//! `deepseek_v2` (DeepSeek-V2, V2-Lite, Coder-V2) as mlx-lm's `models/deepseek_v2.py`.
+//!
+//! Multi-head latent attention whose cache holds, per head, the decompressed keys (no-RoPE part and
+//! the shared RoPE key) and values, as mlx-lm's; YaRN rope; the first `first_k_dense_replace`
+//! layers dense, then mixture-of-experts layers (softmax routing, optionally group-limited, plus
+//! shared experts).
+use super::Model;
+use crate::cache::{quantized_sdpa, CacheMask, GrowingCache, KvCache, RotatingCache};
+use crate::error::{EngineError, Result};
+use crate::nn::mla::{MlaProjections, MlaSpec};
+use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
+use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
+use crate::weights::{Vb, Weights};
+use mlx::fast::{self, Mask};
+use mlx::{ops, Array};
+use serde::Deserialize;
+
+/// `ModelArgs` of mlx-lm's deepseek_v2.py (defaults in [`defaults`]).
+#[derive(Debug, Deserialize)]
+pub struct Config {
+    pub model_type: String,
+    pub vocab_size: i32,
+    pub hidden_size: i32,
+    pub intermediate_size: i32,
+    pub moe_intermediate_size: i32,
+    pub num_hidden_layers: i32,
+    pub num_attention_heads: i32,
+    pub n_shared_experts: Option<i32>,
+    pub n_routed_experts: Option<i32>,
+    pub routed_scaling_factor: f64,
+    pub kv_lora_rank: i32,
+    pub q_lora_rank: Option<i32>,
+    pub qk_rope_head_dim: i32,
+    pub v_head_dim: i32,
+    pub qk_nope_head_dim: i32,
+    pub topk_method: String,
+    pub n_group: Option<i32>,
+    pub topk_group: Option<i32>,
+    pub num_experts_per_tok: Option<i32>,
+    pub moe_layer_freq: i32,
+    pub first_k_dense_replace: i32,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub attention_bias: bool,
+}
+
+/// The dataclass defaults shared by deepseek_v2.py and deepseek_v3.py.
+fn defaults() -> serde_json::Value {
+    serde_json::json!({
+        "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008,
+        "moe_intermediate_size": 1407, "num_hidden_layers": 30, "num_attention_heads": 32,
+        "n_shared_experts": null, "n_routed_experts": null, "routed_scaling_factor": 1.0,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "qk_nope_head_dim": 128, "moe_layer_freq": 1, "first_k_dense_replace": 0,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+        "topk_method": "gready", "n_group": null, "topk_group": null, "num_experts_per_tok": null,
+    })
+}
+
+/// config.json over the dataclass defaults, then `overrides` (V3's own defaults) under config.json.
+pub(super) fn parse<T: serde::de::DeserializeOwned>(config: &serde_json::Value, overrides: serde_json::Value) -> Result<T> {
+    let mut merged = defaults();
+    for source in [overrides, config.clone()] {
+        if let (Some(m), Some(src)) = (merged.as_object_mut(), source.as_object()) {
+            for (k, v) in src {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    serde_json::from_value(merged).map_err(|e| EngineError::Config(e.to_string()))
+}
+
+pub(super) fn mla_spec(c: &Config) -> MlaSpec {
+    MlaSpec {
+        hidden: c.hidden_size,
+        n_heads: c.num_attention_heads,
+        q_lora_rank: c.q_lora_rank,
+        kv_lora_rank: c.kv_lora_rank,
+        qk_nope_head_dim: c.qk_nope_head_dim,
+        qk_rope_head_dim: c.qk_rope_head_dim,
+        v_head_dim: c.v_head_dim,
+        attention_bias: c.attention_bias,
+    }
+}
+
+/// Whether layer `i` is a mixture-of-experts layer (else dense), as both files decide.
+pub(super) fn is_moe(n_routed: Option<i32>, first_dense: i32, freq: i32, i: i32) -> bool {
+    n_routed.is_some() && i >= first_dense && freq != 0 && i % freq == 0
+}
+
+#[derive(Clone)]
+struct Attention {
+    proj: MlaProjections,
+    kv_b_proj: Linear,
+    spec: MlaSpec,
+    scale: f32,
+    rope: Rope,
+}
+
+impl Attention {
+    fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
+        let (b, l, h, nope) = (x.dim(0), x.dim(1), self.spec.n_heads, self.spec.qk_nope_head_dim);
+        let p = self.proj.project(x)?;
+        let kv = self.kv_b_proj.forward(&p.kv_latent)?.reshape(&[b, l, h, -1])?.transpose(&[0, 2, 1, 3])?;
+        let (k_nope, values) = (kv.slice_axis(-1, 0, nope)?, kv.slice_axis(-1, nope, i32::MAX)?);
+        let offset = cache.offset();
+        let q_pe = self.rope.forward(&p.q_pe, offset)?;
+        let k_pe = self.rope.forward(&p.k_pe, offset)?;
+        let k_pe = ops::concatenate(&vec![&k_pe; h as usize], 1)?; // mx.repeat(k_pe, heads, axis=1)
+        let keys = ops::concatenate(&[&k_nope, &k_pe], -1)?;
+        let queries = ops::concatenate(&[&p.q_nope, &q_pe], -1)?;
+        let out = match cache.quantization() {
+            Some(spec) => {
+                let (k, v) = cache.update_and_fetch_quantized(&keys, &values)?;
+                quantized_sdpa(&queries, &k, &v, self.scale, mask, spec)?
+            }
+            None => {
+                let (k, v) = cache.update_and_fetch(&keys, &values)?;
+                fast::sdpa(&queries, &k, &v, self.scale, mask)?
+            }
+        };
+        self.proj.o_proj.forward(&out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
+
+/// `MoEGate`: softmax scores, optional group-limited selection, top-k, scaled.
+#[derive(Clone)]
+struct Gate {
+    weight: Array, // (experts, hidden)
+    top_k: i32,
+    groups: Option<(i32, i32)>, // (n_group, topk_group) with topk_method "group_limited_greedy"
+    routed_scaling_factor: f64,
+}
+
+impl Gate {
+    /// x (B, L, hidden) -> expert indices and weights, each (B, L, top_k).
+    fn forward(&self, x: &Array) -> Result<(Array, Array)> {
+        let gates = x.matmul(&self.weight.t()?)?;
+        let mut scores = gates.softmax(&[-1], true)?;
+        if let Some((n_group, topk_group)) = self.groups {
+            let (b, l) = (x.dim(0), x.dim(1));
+            scores = scores.reshape(&[b, l, n_group, -1])?;
+            let group_scores = scores.max(&[-1], true)?;
+            let k = n_group - topk_group;
+            let group_idx = group_scores.argpartition(k - 1, -2)?.slice_axis(-2, 0, k)?;
+            let zero = Array::scalar(0.0, scores.dtype())?;
+            scores = scores.put_along_axis(&group_idx, &zero, -2)?.reshape(&[b, l, -1])?;
+        }
+        let k = self.top_k;
+        let inds = scores.neg()?.argpartition(k - 1, -1)?.slice_axis(-1, 0, k)?;
+        let scores = scores.take_along_axis(&inds, -1)?.mul_scalar(self.routed_scaling_factor)?;
+        Ok((inds, scores))
+    }
+}
+
+#[derive(Clone)]
+struct Moe {
+    gate: Gate,
+    switch_mlp: SwitchGlu,
+    shared_experts: Option<GluMlp>,
+}
+
+#[derive(Clone)]
+enum Ffn {
+    Dense(GluMlp),
+    Moe(Moe),
+}
+
+impl Ffn {
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Ffn::Dense(m) => m.arrays(),
+            Ffn::Moe(m) => {
+                let mut v = vec![&m.gate.weight];
+                v.extend(m.switch_mlp.arrays());
+                v.extend(m.shared_experts.iter().flat_map(|s| s.arrays()));
+                v
+            }
+        }
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe(m) => {
+                let (inds, scores) = m.gate.forward(x)?;
+                let y = m.switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
+                let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?;
+                match &m.shared_experts {
+                    Some(s) => Ok(y.add(&s.forward(x)?)?),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Layer {
+    self_attn: Attention,
+    mlp: Ffn,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+pub struct DeepseekV2 {
+    model_type: String,
+    vocab_size: i32,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+fn load_moe(vb: &Vb<'_>, c: &Config, q: &QuantConfig) -> Result<Moe> {
+    let experts = c.n_routed_experts.unwrap_or(0);
+    let top_k = c.num_experts_per_tok.ok_or_else(|| EngineError::Config("num_experts_per_tok is missing".into()))?;
+    let groups = if c.topk_method == "group_limited_greedy" {
+        match (c.n_group, c.topk_group) {
+            (Some(g), Some(t)) if g > 0 && experts % g == 0 => Some((g, t)),
+            _ => return Err(EngineError::Config("group_limited_greedy needs n_group dividing the experts and topk_group".into())),
+        }
+    } else {
+        None
+    };
+    Ok(Moe {
+        gate: Gate { weight: vb.get("gate.weight", &[experts, c.hidden_size])?, top_k, groups, routed_scaling_factor: c.routed_scaling_factor },
+        switch_mlp: SwitchGlu::load(&vb.pp("switch_mlp"), c.hidden_size, c.moe_intermediate_size, experts, q)?,
+        shared_experts: c
+            .n_shared_experts
+            .map(|n| GluMlp::load(&vb.pp("shared_experts"), c.hidden_size, c.moe_intermediate_size * n, q))
+            .transpose()?,
+    })
+}
+
+pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
+    let c: Config = parse(config, serde_json::json!({}))?;
+    let scaling = c.rope_scaling.clone().ok_or_else(|| EngineError::Config("deepseek_v2 needs rope_scaling (mlx-lm reads its factor)".into()))?;
+    let spec = mla_spec(&c);
+    // DeepseekV2YarnRotaryEmbedding: YaRN whatever the type says, traditional.
+    let rope = Rope::yarn(c.qk_rope_head_dim, c.rope_theta, true, &scaling)?;
+    let scale = spec.scale(Some(&scaling)) as f32;
+    // sanitize: stack the experts; nothing is dropped.
+    for i in 0..c.num_hidden_layers {
+        stack_experts(weights, &format!("model.layers.{i}.mlp"), c.n_routed_experts.unwrap_or(0))?;
+    }
+    let vb = weights.view("model");
+    let mut layers = Vec::with_capacity(c.num_hidden_layers.max(0) as usize);
+    for i in 0..c.num_hidden_layers {
+        let l = vb.pp("layers").pp(i);
+        let a = l.pp("self_attn");
+        let kv_b_out = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
+        let mlp = if is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
+            Ffn::Moe(load_moe(&l.pp("mlp"), &c, q)?)
+        } else {
+            Ffn::Dense(GluMlp::load(&l.pp("mlp"), c.hidden_size, c.intermediate_size, q)?)
+        };
+        layers.push(Layer {
+            self_attn: Attention {
+                proj: MlaProjections::load(&a, &spec, q)?,
+                kv_b_proj: Linear::load(&a.pp("kv_b_proj"), c.kv_lora_rank, kv_b_out, false, q)?,
+                spec: spec.clone(),
+                scale,
+                rope: rope.clone(),
+            },
+            mlp,
+            input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+            post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), c.hidden_size, c.rms_norm_eps)?,
+        });
+    }
+    Ok(Box::new(DeepseekV2 {
+        model_type: c.model_type.clone(),
+        vocab_size: c.vocab_size,
+        embed_tokens: Embedding::load(&vb.pp("embed_tokens"), c.vocab_size, c.hidden_size, q)?,
+        layers,
+        norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
+        lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
+    }))
+}
+
+/// mlx-lm's `make_prompt_cache` for a model without `make_cache`.
+pub(super) fn default_caches(n: usize, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+    (0..n)
+        .map(|_| match max_kv_size {
+            Some(m) => Box::new(RotatingCache::new(m, 4)) as Box<dyn KvCache>,
+            None => Box::new(GrowingCache::new()) as Box<dyn KvCache>,
+        })
+        .collect()
+}
+
+pub(super) fn check_caches(cache: &[Box<dyn KvCache>], layers: usize) -> Result<()> {
+    if cache.len() != layers {
+        return Err(EngineError::Invalid(format!("{} caches for {layers} layers", cache.len())));
+    }
+    Ok(())
+}
+
+impl Model for DeepseekV2 {
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        let mut v = self.embed_tokens.arrays();
+        for l in &self.layers {
+            v.extend(l.self_attn.proj.arrays());
+            v.extend(l.self_attn.kv_b_proj.arrays());
+            v.extend(l.mlp.arrays());
+            v.extend(l.input_layernorm.arrays());
+            v.extend(l.post_attention_layernorm.arrays());
+        }
+        v.extend(self.norm.arrays());
+        v.extend(self.lm_head.arrays());
+        v
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
+        default_caches(self.layers.len(), None)
+    }
+
+    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        default_caches(self.layers.len(), max_kv_size)
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        check_caches(cache, self.layers.len())?;
+        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
+        let mask: CacheMask = cache[0].make_mask(tokens.dim(1), None)?;
+        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.as_mask(), c.as_mut())?;
+            let h1 = h.add(&r)?;
+            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
+            h = h1.add(&r)?;
+        }
+        self.lm_head.forward(&self.norm.forward(&h)?) // (B, L, vocab)
+    }
+}

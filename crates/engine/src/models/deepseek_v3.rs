@@ -1,0 +1,339 @@
+//! `deepseek_v3` (DeepSeek-V3, R1, and Kimi-K2-style checkpoints) as mlx-lm's `models/deepseek_v3.py`.
+//!
+//! Multi-head latent attention in absorbed form: the cache holds the normalised compressed latent
+//! (as keys, one shared head) and the RoPE key (as values), as mlx-lm's does; `kv_b_proj` is split
+//! at load into per-head `embed_q` / `unembed_out` matrices. Sigmoid routing with
+//! `e_score_correction_bias`, group-limited top-k, normalised weights and shared experts.
+use super::deepseek_v2::{check_caches, default_caches, is_moe, mla_spec, parse, Config as V2Config};
+use super::Model;
+use crate::cache::{create_causal_mask, CacheMask, KvCache};
+use crate::error::{EngineError, Result};
+use crate::nn::mla::{finfo_min, MlaProjections, MlaSpec, MultiLinear};
+use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
+use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
+use crate::weights::{Vb, Weights};
+use mlx::fast::{self, Mask};
+use mlx::ops::{self, QuantSpec};
+use mlx::{Array, Dtype};
+use serde::Deserialize;
+
+/// The fields of deepseek_v3.py's `ModelArgs` that V2's lacks (the rest read as [`V2Config`]).
+#[derive(Debug, Deserialize)]
+struct Routing {
+    norm_topk_prob: bool,
+    n_group: i32,
+    topk_group: i32,
+    num_experts_per_tok: i32,
+    topk_method: String,
+}
+
+/// deepseek_v3.py's defaults where they differ from deepseek_v2.py's.
+fn v3_defaults() -> serde_json::Value {
+    serde_json::json!({
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
+        "n_group": 1, "topk_group": 1, "num_experts_per_tok": 1,
+    })
+}
+
+#[derive(Clone)]
+struct Attention {
+    proj: MlaProjections,
+    embed_q: MultiLinear,     // (heads, kv_lora_rank, qk_nope_head_dim)
+    unembed_out: MultiLinear, // (heads, v_head_dim, kv_lora_rank)
+    scale: f64,
+    rope: Rope,
+}
+
+impl Attention {
+    /// `mask`: the boolean causal mask (mlx-lm's `return_array=True`), `None` for one position.
+    fn forward(&self, x: &Array, mask: Option<&Array>, cache: &mut dyn KvCache) -> Result<Array> {
+        let (b, l) = (x.dim(0), x.dim(1));
+        let p = self.proj.project(x)?;
+        let offset = cache.offset();
+        let q_pe = self.rope.forward(&p.q_pe, offset)?;
+        let k_pe = self.rope.forward(&p.k_pe, offset)?;
+        let kv_latent = p.kv_latent.expand_dims(&[1])?; // (B, 1, L, kv_lora_rank)
+        if cache.quantization().is_some() {
+            return Err(EngineError::Invalid(
+                "deepseek_v3 attention reads its cached latent directly: a quantized KV cache (--kv-bits) \
+                 is not supported (mlx-lm cannot run it either)"
+                    .into(),
+            ));
+        }
+        let (kv_latent, k_pe) = cache.update_and_fetch(&kv_latent, &k_pe)?;
+        let pe_scores = q_pe.mul_scalar(self.scale)?.matmul(&k_pe.swapaxes(-1, -2)?)?; // (B, H, L, S)
+        let pe_scores = match mask {
+            Some(m) => {
+                let dt = pe_scores.dtype();
+                ops::where_(m, &pe_scores, &Array::scalar(finfo_min(dt), dt)?)?
+            }
+            None => pe_scores,
+        };
+        let scale = self.scale as f32;
+        let out = if l == 1 {
+            let q_nope = self.embed_q.forward(&p.q_nope, true)?; // (B, H, 1, kv_lora_rank)
+            let out = fast::sdpa(&q_nope, &kv_latent, &kv_latent, scale, Mask::Array(&pe_scores))?;
+            self.unembed_out.forward(&out, true)?
+        } else {
+            let k = self.embed_q.forward(&kv_latent, false)?;
+            let v = self.unembed_out.forward(&kv_latent, true)?;
+            fast::sdpa(&p.q_nope, &k, &v, scale, Mask::Array(&pe_scores))?
+        };
+        self.proj.o_proj.forward(&out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+}
+
+/// `MoEGate` and the compiled `group_expert_select`.
+#[derive(Clone)]
+struct Gate {
+    weight: Array,                  // (experts, hidden)
+    e_score_correction_bias: Array, // (experts,)
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    routed_scaling_factor: f64,
+    norm_topk_prob: bool,
+}
+
+impl Gate {
+    fn forward(&self, x: &Array) -> Result<(Array, Array)> {
+        let gates = x.matmul(&self.weight.t()?)?;
+        let orig_scores = gates.astype(Dtype::F32)?.sigmoid()?;
+        let mut scores = orig_scores.add(&self.e_score_correction_bias)?;
+        if self.n_group > 1 {
+            let mut shape = scores.shape();
+            shape.pop();
+            scores = scores.reshape(&[shape.clone(), vec![self.n_group, -1]].concat())?;
+            let group_scores = scores.topk(2, -1)?.sum(&[-1], true)?;
+            let k = self.n_group - self.topk_group;
+            let group_idx = group_scores.argpartition(k - 1, -2)?.slice_axis(-2, 0, k)?;
+            scores = scores.put_along_axis(&group_idx, &Array::scalar(0.0, Dtype::F32)?, -2)?;
+            scores = scores.reshape(&[shape, vec![-1]].concat())?;
+        }
+        let k = self.top_k;
+        let inds = scores.neg()?.argpartition(k - 1, -1)?.slice_axis(-1, 0, k)?;
+        let mut scores = orig_scores.take_along_axis(&inds, -1)?;
+        if k > 1 && self.norm_topk_prob {
+            scores = scores.div(&scores.sum(&[-1], true)?)?;
+        }
+        Ok((inds, scores.mul_scalar(self.routed_scaling_factor)?))
+    }
+}
+
+#[derive(Clone)]
+enum Ffn {
+    Dense(GluMlp),
+    Moe { gate: Gate, switch_mlp: SwitchGlu, shared_experts: Option<GluMlp> },
+}
+
+impl Ffn {
+    fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Ffn::Dense(m) => m.arrays(),
+            Ffn::Moe { gate, switch_mlp, shared_experts } => {
+                let mut v = vec![&gate.weight, &gate.e_score_correction_bias];
+                v.extend(switch_mlp.arrays());
+                v.extend(shared_experts.iter().flat_map(|s| s.arrays()));
+                v
+            }
+        }
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe { gate, switch_mlp, shared_experts } => {
+                let (inds, scores) = gate.forward(x)?;
+                let y = switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
+                let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?.astype(y.dtype())?;
+                match shared_experts {
+                    Some(s) => Ok(y.add(&s.forward(x)?)?),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Layer {
+    self_attn: Attention,
+    mlp: Ffn,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+pub struct DeepseekV3 {
+    model_type: String,
+    vocab_size: i32,
+    embed_tokens: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+/// sanitize's `kv_b_proj` split: per head, the no-RoPE key rows transposed into `embed_q` and the
+/// value rows into `unembed_out` (dequantized first and quantized again alike when quantized).
+fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
+    let Some(mut v) = weights.remove(&format!("{prefix}.kv_b_proj.weight")) else { return Ok(()) };
+    let mut spec = None;
+    if weights.contains(&format!("{prefix}.kv_b_proj.scales")) {
+        let missing = |n: &str| EngineError::MissingTensor(format!("{prefix}.kv_b_proj.{n}"));
+        let scales = weights.remove(&format!("{prefix}.kv_b_proj.scales")).ok_or_else(|| missing("scales"))?;
+        let biases = weights.remove(&format!("{prefix}.kv_b_proj.biases")).ok_or_else(|| missing("biases"))?;
+        let dims = c.kv_lora_rank;
+        let q = QuantSpec { bits: v.dim(-1) * 32 / dims, group_size: dims / scales.dim(-1).max(1) };
+        v = ops::dequantize(&v, &scales, Some(&biases), q)?;
+        spec = Some(q);
+    }
+    let nope = c.qk_nope_head_dim;
+    let v = v.reshape(&[c.num_attention_heads, nope + c.v_head_dim, -1])?;
+    let wk = v.slice_axis(1, 0, nope)?.swapaxes(-1, -2)?.contiguous()?;
+    let wv = v.slice_axis(1, nope, i32::MAX)?.contiguous()?;
+    for (name, w) in [("embed_q", wk), ("unembed_out", wv)] {
+        match spec {
+            Some(q) => {
+                let (w, s, b) = ops::quantize(&w, q)?;
+                weights.insert(format!("{prefix}.{name}.weight"), w);
+                weights.insert(format!("{prefix}.{name}.scales"), s);
+                weights.insert(format!("{prefix}.{name}.biases"), b);
+            }
+            None => weights.insert(format!("{prefix}.{name}.weight"), w),
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &Routing, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Layer> {
+    let a = l.pp("self_attn");
+    let (d, h) = (c.hidden_size, c.num_attention_heads);
+    let mlp = if is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
+        let m = l.pp("mlp");
+        let experts = c.n_routed_experts.unwrap_or(0);
+        if r.n_group > 1 && (experts % r.n_group != 0) {
+            return Err(EngineError::Config(format!("n_group {} does not divide {experts} experts", r.n_group)));
+        }
+        Ffn::Moe {
+            gate: Gate {
+                weight: m.get("gate.weight", &[experts, d])?,
+                e_score_correction_bias: m.get("gate.e_score_correction_bias", &[experts])?,
+                top_k: r.num_experts_per_tok,
+                n_group: r.n_group,
+                topk_group: r.topk_group,
+                routed_scaling_factor: c.routed_scaling_factor,
+                norm_topk_prob: r.norm_topk_prob,
+            },
+            switch_mlp: SwitchGlu::load(&m.pp("switch_mlp"), d, c.moe_intermediate_size, experts, q)?,
+            shared_experts: c
+                .n_shared_experts
+                .map(|n| GluMlp::load(&m.pp("shared_experts"), d, c.moe_intermediate_size * n, q))
+                .transpose()?,
+        }
+    } else {
+        Ffn::Dense(GluMlp::load(&l.pp("mlp"), d, c.intermediate_size, q)?)
+    };
+    Ok(Layer {
+        self_attn: Attention {
+            proj: MlaProjections::load(&a, spec, q)?,
+            embed_q: MultiLinear::load(&a.pp("embed_q"), c.qk_nope_head_dim, c.kv_lora_rank, h, q)?,
+            unembed_out: MultiLinear::load(&a.pp("unembed_out"), c.kv_lora_rank, c.v_head_dim, h, q)?,
+            scale,
+            rope: rope.clone(),
+        },
+        mlp,
+        input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), d, c.rms_norm_eps)?,
+        post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), d, c.rms_norm_eps)?,
+    })
+}
+
+/// `initialize_rope(dims, base, traditional=True, scaling_config)` for the kinds DeepSeek uses.
+fn rope_for(dims: i32, base: f64, scaling: Option<&RopeScaling>) -> Result<Rope> {
+    let kind = scaling.and_then(|s| s.kind.clone().or_else(|| s.rope_type.clone()));
+    match (kind.as_deref(), scaling) {
+        (Some("yarn" | "deepseek_yarn" | "telechat3-yarn"), Some(s)) => Rope::yarn(dims, base, true, s),
+        _ => Rope::new(dims, base, true, scaling),
+    }
+}
+
+pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
+    let c: V2Config = parse(config, v3_defaults())?;
+    let r: Routing = parse(config, v3_defaults())?;
+    if r.topk_method != "noaux_tc" {
+        return Err(EngineError::Config(format!("topk_method {:?} is not supported (mlx-lm: noaux_tc)", r.topk_method)));
+    }
+    let spec = mla_spec(&c);
+    let rope = rope_for(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref())?;
+    let scale = spec.scale(c.rope_scaling.as_ref());
+    // sanitize: stack experts, split kv_b_proj, drop the multi-token-prediction layer (61) and
+    // precomputed rotary frequencies.
+    for i in 0..c.num_hidden_layers {
+        stack_experts(weights, &format!("model.layers.{i}.mlp"), c.n_routed_experts.unwrap_or(0))?;
+        split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &c)?;
+    }
+    weights.drop_where(|n| n.starts_with("model.layers.61") || n.contains("rotary_emb.inv_freq"));
+    let vb = weights.view("model");
+    let layers = (0..c.num_hidden_layers)
+        .map(|i| load_layer(&vb.pp("layers").pp(i), i, &c, &r, &spec, &rope, scale, q))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(DeepseekV3 {
+        model_type: c.model_type.clone(),
+        vocab_size: c.vocab_size,
+        embed_tokens: Embedding::load(&vb.pp("embed_tokens"), c.vocab_size, c.hidden_size, q)?,
+        layers,
+        norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
+        lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
+    }))
+}
+
+impl Model for DeepseekV3 {
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        let mut v = self.embed_tokens.arrays();
+        for l in &self.layers {
+            v.extend(l.self_attn.proj.arrays());
+            v.extend(l.self_attn.embed_q.arrays());
+            v.extend(l.self_attn.unembed_out.arrays());
+            v.extend(l.mlp.arrays());
+            v.extend(l.input_layernorm.arrays());
+            v.extend(l.post_attention_layernorm.arrays());
+        }
+        v.extend(self.norm.arrays());
+        v.extend(self.lm_head.arrays());
+        v
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
+        default_caches(self.layers.len(), None)
+    }
+
+    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        default_caches(self.layers.len(), max_kv_size)
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        check_caches(cache, self.layers.len())?;
+        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
+        let n = tokens.dim(1);
+        // create_attention_mask(h, cache[0], return_array=True): "causal" comes back as its array.
+        let mask = match cache[0].make_mask(n, None)? {
+            CacheMask::None => None,
+            CacheMask::Causal => Some(create_causal_mask(n, cache[0].offset(), None)?),
+            CacheMask::Array(a) => Some(a),
+        };
+        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
+            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.as_ref(), c.as_mut())?;
+            let h1 = h.add(&r)?;
+            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
+            h = h1.add(&r)?;
+        }
+        self.lm_head.forward(&self.norm.forward(&h)?) // (B, L, vocab)
+    }
+}

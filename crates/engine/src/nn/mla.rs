@@ -1,0 +1,172 @@
+//! Multi-head latent attention pieces that DeepSeek V2 and V3 share (mlx-lm's deepseek_v2.py and
+//! deepseek_v3.py attention, `mla.py`'s `MultiLinear`): the query path (direct or low-rank), the
+//! compressed key/value projection with its decoupled RoPE key, the output projection and the scale.
+use super::quant::{QuantConfig, Quantized};
+use super::{Linear, RmsNorm, RopeScaling};
+use crate::error::Result;
+use crate::weights::Vb;
+use mlx::{ops, Array, Dtype};
+
+/// The attention shape, as DeepSeek configs give it.
+#[derive(Clone, Debug)]
+pub struct MlaSpec {
+    pub hidden: i32,
+    pub n_heads: i32,
+    pub q_lora_rank: Option<i32>,
+    pub kv_lora_rank: i32,
+    pub qk_nope_head_dim: i32,
+    pub qk_rope_head_dim: i32,
+    pub v_head_dim: i32,
+    pub attention_bias: bool,
+}
+
+impl MlaSpec {
+    pub fn q_head_dim(&self) -> i32 {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// `q_head_dim ** -0.5`, times `mscale_all_dim`'s YaRN factor squared when the rope is scaled
+    /// (factor > 1), in double precision as Python computes it.
+    pub fn scale(&self, rope_scaling: Option<&RopeScaling>) -> f64 {
+        let scale = f64::from(self.q_head_dim()).powf(-0.5);
+        match rope_scaling.map(|s| (s.mscale_all_dim.unwrap_or(0.0), s.factor.unwrap_or(1.0))) {
+            Some((m, factor)) if m != 0.0 && factor > 1.0 => {
+                let s = 0.1 * m * factor.ln() + 1.0;
+                scale * s * s
+            }
+            _ => scale,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum QProj {
+    Direct(Linear),
+    LowRank { a: Linear, norm: RmsNorm, b: Linear },
+}
+
+/// The projections around the attention kernel, loaded from `...self_attn`.
+#[derive(Clone)]
+pub struct MlaProjections {
+    q: QProj,
+    kv_a_proj_with_mqa: Linear,
+    kv_a_layernorm: RmsNorm,
+    pub o_proj: Linear,
+    spec: MlaSpec,
+}
+
+/// What the projections give for x (B, L, hidden), before RoPE.
+pub struct MlaInputs {
+    pub q_nope: Array,    // (B, heads, L, qk_nope_head_dim)
+    pub q_pe: Array,      // (B, heads, L, qk_rope_head_dim)
+    pub kv_latent: Array, // (B, L, kv_lora_rank), after kv_a_layernorm
+    pub k_pe: Array,      // (B, 1, L, qk_rope_head_dim)
+}
+
+impl MlaProjections {
+    pub fn load(vb: &Vb<'_>, spec: &MlaSpec, q: &QuantConfig) -> Result<MlaProjections> {
+        let (d, h, bias) = (spec.hidden, spec.n_heads, spec.attention_bias);
+        let q_out = h * spec.q_head_dim();
+        let q_proj = match spec.q_lora_rank {
+            None => QProj::Direct(Linear::load(&vb.pp("q_proj"), d, q_out, false, q)?),
+            Some(r) => QProj::LowRank {
+                a: Linear::load(&vb.pp("q_a_proj"), d, r, bias, q)?,
+                norm: RmsNorm::load(&vb.pp("q_a_layernorm"), r, 1e-6)?,
+                b: Linear::load(&vb.pp("q_b_proj"), r, q_out, false, q)?,
+            },
+        };
+        let (r, rope) = (spec.kv_lora_rank, spec.qk_rope_head_dim);
+        Ok(MlaProjections {
+            q: q_proj,
+            kv_a_proj_with_mqa: Linear::load(&vb.pp("kv_a_proj_with_mqa"), d, r + rope, bias, q)?,
+            kv_a_layernorm: RmsNorm::load(&vb.pp("kv_a_layernorm"), r, 1e-6)?,
+            o_proj: Linear::load(&vb.pp("o_proj"), h * spec.v_head_dim, d, bias, q)?,
+            spec: spec.clone(),
+        })
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut v = match &self.q {
+            QProj::Direct(p) => p.arrays(),
+            QProj::LowRank { a, norm, b } => [a.arrays(), norm.arrays(), b.arrays()].concat(),
+        };
+        v.extend(self.kv_a_proj_with_mqa.arrays());
+        v.extend(self.kv_a_layernorm.arrays());
+        v.extend(self.o_proj.arrays());
+        v
+    }
+
+    pub fn project(&self, x: &Array) -> Result<MlaInputs> {
+        let s = &self.spec;
+        let (b, l) = (x.dim(0), x.dim(1));
+        let q = match &self.q {
+            QProj::Direct(p) => p.forward(x)?,
+            QProj::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x)?)?)?,
+        };
+        let q = q.reshape(&[b, l, s.n_heads, s.q_head_dim()])?.transpose(&[0, 2, 1, 3])?;
+        let (nope, r) = (s.qk_nope_head_dim, s.kv_lora_rank);
+        let compressed = self.kv_a_proj_with_mqa.forward(x)?;
+        let k_pe = compressed.slice_axis(-1, r, i32::MAX)?;
+        Ok(MlaInputs {
+            q_nope: q.slice_axis(-1, 0, nope)?,
+            q_pe: q.slice_axis(-1, nope, i32::MAX)?,
+            kv_latent: self.kv_a_layernorm.forward(&compressed.slice_axis(-1, 0, r)?)?,
+            k_pe: k_pe.reshape(&[b, l, 1, s.qk_rope_head_dim])?.transpose(&[0, 2, 1, 3])?,
+        })
+    }
+}
+
+#[derive(Clone)]
+enum MultiKind {
+    Float(Array), // (heads, out, in)
+    Quant(Quantized),
+}
+
+/// `MultiLinear` / `QuantizedMultiLinear`: one (out, in) matrix per head.
+#[derive(Clone)]
+pub struct MultiLinear(MultiKind);
+
+impl MultiLinear {
+    pub fn load(vb: &Vb<'_>, in_dims: i32, out_dims: i32, heads: i32, q: &QuantConfig) -> Result<MultiLinear> {
+        Ok(MultiLinear(match q.layer(vb, in_dims)? {
+            Some(spec) => {
+                let groups = in_dims / spec.group_size;
+                MultiKind::Quant(Quantized {
+                    weight: vb.get("weight", &[heads, out_dims, in_dims * spec.bits / 32])?,
+                    scales: vb.get("scales", &[heads, out_dims, groups])?,
+                    biases: vb.get("biases", &[heads, out_dims, groups])?,
+                    spec,
+                })
+            }
+            None => MultiKind::Float(vb.get("weight", &[heads, out_dims, in_dims])?),
+        }))
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match &self.0 {
+            MultiKind::Float(w) => vec![w],
+            MultiKind::Quant(q) => q.arrays().to_vec(),
+        }
+    }
+
+    /// `x @ W.swapaxes(-1, -2)` (transpose) or `x @ W`, per head.
+    pub fn forward(&self, x: &Array, transpose: bool) -> Result<Array> {
+        Ok(match (&self.0, transpose) {
+            (MultiKind::Float(w), true) => x.matmul(&w.swapaxes(-1, -2)?)?,
+            (MultiKind::Float(w), false) => x.matmul(w)?,
+            (MultiKind::Quant(q), t) => {
+                ops::quantized_matmul(x, &q.weight, &q.scales, Some(&q.biases), t, q.spec)?
+            }
+        })
+    }
+}
+
+/// `mx.finfo(dtype).min`.
+pub fn finfo_min(dt: Dtype) -> f64 {
+    match dt {
+        Dtype::F16 => -65504.0,
+        Dtype::BF16 => -3.389_531_389_251_535_5e38,
+        Dtype::F64 => f64::MIN,
+        _ => f64::from(f32::MIN),
+    }
+}

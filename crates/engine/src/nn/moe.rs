@@ -1,0 +1,156 @@
+//! Mixture-of-experts layers as mlx-lm's `switch_layers.py`: experts stacked into one tensor and run
+//! through MLX's gathered (quantized) matmul, so only the chosen experts' weights are read.
+use super::quant::QuantConfig;
+use super::Linear;
+use crate::error::{EngineError, Result};
+use crate::weights::{Vb, Weights};
+use mlx::ops::{self, QuantSpec};
+use mlx::Array;
+
+/// mlx-lm's `sanitize` expert stacking: `{prefix}.experts.{e}.{m}.{k}` for every expert `e` becomes
+/// `{prefix}.switch_mlp.{m}.{k}` (stacked on a new first axis), for m in gate/down/up projections
+/// and k in weight/scales/biases, where expert 0 has it.
+pub fn stack_experts(weights: &mut Weights, prefix: &str, n_experts: i32) -> Result<()> {
+    for m in ["gate_proj", "down_proj", "up_proj"] {
+        for k in ["weight", "scales", "biases"] {
+            if !weights.contains(&format!("{prefix}.experts.0.{m}.{k}")) {
+                continue;
+            }
+            let parts = (0..n_experts)
+                .map(|e| {
+                    let name = format!("{prefix}.experts.{e}.{m}.{k}");
+                    weights.remove(&name).ok_or(EngineError::MissingTensor(name))
+                })
+                .collect::<Result<Vec<Array>>>()?;
+            let stacked = ops::stack(&parts.iter().collect::<Vec<_>>(), 0)?;
+            weights.insert(format!("{prefix}.switch_mlp.{m}.{k}"), stacked);
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone)]
+enum SwitchKind {
+    Float(Array), // (experts, out, in)
+    Quant { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+}
+
+/// `SwitchLinear` / `QuantizedSwitchLinear` without bias: one (out, in) matrix per expert.
+#[derive(Clone)]
+pub struct SwitchLinear(SwitchKind);
+
+impl SwitchLinear {
+    pub fn load(vb: &Vb<'_>, in_dims: i32, out_dims: i32, experts: i32, q: &QuantConfig) -> Result<SwitchLinear> {
+        Ok(SwitchLinear(match q.layer(vb, in_dims)? {
+            Some(spec) => {
+                let groups = in_dims / spec.group_size;
+                SwitchKind::Quant {
+                    weight: vb.get("weight", &[experts, out_dims, in_dims * spec.bits / 32])?,
+                    scales: vb.get("scales", &[experts, out_dims, groups])?,
+                    biases: vb.get("biases", &[experts, out_dims, groups])?,
+                    spec,
+                }
+            }
+            None => SwitchKind::Float(vb.get("weight", &[experts, out_dims, in_dims])?),
+        }))
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match &self.0 {
+            SwitchKind::Float(w) => vec![w],
+            SwitchKind::Quant { weight, scales, biases, .. } => vec![weight, scales, biases],
+        }
+    }
+
+    /// x (..., 1, in) with expert `indices` -> (..., 1, out).
+    pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        Ok(match &self.0 {
+            SwitchKind::Float(w) => ops::gather_mm(x, &w.swapaxes(-1, -2)?, None, Some(indices), sorted)?,
+            SwitchKind::Quant { weight, scales, biases, spec } => {
+                ops::gather_qmm(x, weight, scales, Some(biases), Some(indices), true, *spec, sorted)?
+            }
+        })
+    }
+}
+
+/// `SwitchGLU` with the default `SwiGLU` activation and no biases.
+#[derive(Clone)]
+pub struct SwitchGlu {
+    gate_proj: SwitchLinear,
+    up_proj: SwitchLinear,
+    down_proj: SwitchLinear,
+}
+
+impl SwitchGlu {
+    pub fn load(vb: &Vb<'_>, dims: i32, hidden: i32, experts: i32, q: &QuantConfig) -> Result<SwitchGlu> {
+        Ok(SwitchGlu {
+            gate_proj: SwitchLinear::load(&vb.pp("gate_proj"), dims, hidden, experts, q)?,
+            up_proj: SwitchLinear::load(&vb.pp("up_proj"), dims, hidden, experts, q)?,
+            down_proj: SwitchLinear::load(&vb.pp("down_proj"), hidden, dims, experts, q)?,
+        })
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        [self.gate_proj.arrays(), self.up_proj.arrays(), self.down_proj.arrays()].concat()
+    }
+
+    /// x (B, L, dims), indices (B, L, k) -> (B, L, k, dims): each token through each chosen expert.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = x.expand_dims(&[-2, -3])?; // (B, L, 1, 1, dims)
+        // With many tokens, sort them by expert so each expert's weights are read in order.
+        let do_sort = indices.size() >= 64;
+        let (x, idx, inv_order) = if do_sort {
+            // _gather_sort
+            let m = indices.dim(-1);
+            let flat = indices.reshape(&[-1])?;
+            let order = flat.argsort(-1)?;
+            let inv_order = order.argsort(-1)?;
+            let xs = x.reshape(&[-1, x.dim(-2), x.dim(-1)])?; // flatten(0, -3)
+            let xs = xs.take(&order.floor_divide_scalar(f64::from(m))?, 0)?;
+            (xs, flat.take(&order, 0)?, Some(inv_order))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
+        let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+        let y = self.down_proj.forward(&mlx::fast::swiglu(&x_gate, &x_up)?, &idx, do_sort)?;
+        let y = match inv_order {
+            Some(inv) => {
+                // _scatter_unsort, then unflatten to (B, L, k, 1, dims)
+                let y = y.take(&inv, 0)?;
+                let mut shape = indices.shape();
+                shape.extend([y.dim(-2), y.dim(-1)]);
+                y.reshape(&shape)?
+            }
+            None => y,
+        };
+        Ok(y.squeeze(&[-2])?)
+    }
+}
+
+/// A SwiGLU MLP without biases, `down(silu(gate(x)) * up(x))`: DeepSeek's dense layers and shared
+/// experts.
+#[derive(Clone)]
+pub struct GluMlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl GluMlp {
+    pub fn load(vb: &Vb<'_>, dims: i32, hidden: i32, q: &QuantConfig) -> Result<GluMlp> {
+        Ok(GluMlp {
+            gate_proj: Linear::load(&vb.pp("gate_proj"), dims, hidden, false, q)?,
+            up_proj: Linear::load(&vb.pp("up_proj"), dims, hidden, false, q)?,
+            down_proj: Linear::load(&vb.pp("down_proj"), hidden, dims, false, q)?,
+        })
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        [self.gate_proj.arrays(), self.up_proj.arrays(), self.down_proj.arrays()].concat()
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.down_proj.forward(&mlx::fast::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?)
+    }
+}

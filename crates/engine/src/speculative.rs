@@ -1,0 +1,400 @@
+//! Speculative decoding, mlx-lm 0.32.2's `speculative_generate_step`, with a draft model or with prompt lookup (n-gram matches in the prompt and the text so far).
+//!
+//! Each round the drafter proposes up to K tokens; the target scores its pending token and the K
+//! proposals in one forward pass and samples every position; proposals are accepted while they
+//! equal the target's own samples, the first mismatch hands out the target's token instead, and a
+//! fully accepted round adds the target's bonus token. Both caches are then trimmed by the
+//! rejected count. With a draft model every operation, random draw and token-history update is
+//! mlx-lm's, so one seed gives mlx-lm's tokens: the draft samples with the same sampler (one draw
+//! per token), the target samples all K+1 positions with one draw (per position, one each, when
+//! logits processors are on), and the processors' history starts at the last prompt token, as
+//! mlx-lm's `prev_tokens` does. Prompt lookup (not in mlx-lm) keeps the whole history instead, so
+//! at temperature 0 it gives exactly the tokens of plain generation, penalties included.
+use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
+use crate::error::{EngineError, Result};
+use crate::generate::GenerateConfig;
+use crate::models::Model;
+use crate::sample::SamplerConfig;
+use mlx::{async_eval, ops, Array, Dtype};
+use std::collections::VecDeque;
+
+/// Who proposes the draft tokens.
+pub enum Draft<'m> {
+    /// A (smaller) model with the target's vocabulary, and its cache (fresh or continued with the
+    /// target's).
+    Model { model: &'m dyn Model, cache: Vec<Box<dyn KvCache>> },
+    /// Prompt lookup: the continuation of the latest earlier occurrence of the text's last n-gram,
+    /// for n from this size down to 1.
+    PromptLookup { ngram: usize },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    /// Draft tokens per round (mlx-lm's `num_draft_tokens`); the starting value when adaptive.
+    pub num_draft_tokens: usize,
+    /// Grow the draft length by 2 after a fully accepted round and shrink it by 1 after a rejection,
+    /// within 1..=4K. Off by default (mlx-lm's draft length is fixed).
+    pub adaptive: bool,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        SpeculativeConfig { num_draft_tokens: 3, adaptive: false }
+    }
+}
+
+/// One generated token, its log-probabilities and whether it is an accepted draft token.
+pub struct SpecToken {
+    pub token: u32,
+    /// (vocab,)
+    pub logprobs: Array,
+    pub from_draft: bool,
+}
+
+/// Draft statistics so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpecStats {
+    /// Draft tokens proposed to the target.
+    pub proposed: usize,
+    /// Draft tokens accepted by the target and handed out.
+    pub accepted: usize,
+    /// Target forward passes after the prompt (rounds).
+    pub rounds: usize,
+}
+
+impl SpecStats {
+    /// accepted / proposed (0 when nothing was proposed).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.proposed == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.proposed as f64
+        }
+    }
+}
+
+/// The logits processors' token history, mlx-lm's `prev_tokens`: a lazy int32 array, kept only
+/// when a penalty reads it, cut at the front to what the penalties read at the end of a round.
+struct History {
+    tokens: Option<Array>,
+    track: bool,
+    keep: Option<usize>,
+}
+
+impl History {
+    fn push(&mut self, t: &Array) -> Result<()> {
+        if !self.track {
+            return Ok(());
+        }
+        let t = t.reshape(&[-1])?.astype(Dtype::I32)?;
+        self.tokens = Some(match self.tokens.take() {
+            Some(h) => ops::concatenate(&[&h, &t], 0)?,
+            None => t,
+        });
+        Ok(())
+    }
+
+    /// `prev_tokens[: size - n]` (`[:-n]` for n > 0).
+    fn drop_last(&mut self, n: usize) -> Result<()> {
+        if let (Some(h), true) = (&self.tokens, n > 0) {
+            let len = h.dim(0);
+            let end = (i64::from(len) - n as i64).max(0) as i32;
+            self.tokens = Some(h.slice_axis(0, 0, end)?);
+        }
+        Ok(())
+    }
+
+    /// Forgets what no penalty will read again (every later trim removes only newer tokens).
+    fn cut_front(&mut self) -> Result<()> {
+        if let (Some(h), Some(k)) = (&self.tokens, self.keep) {
+            let len = h.dim(0);
+            if (k as i64) < i64::from(len) {
+                self.tokens = Some(h.slice_axis(0, len - k as i32, len)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// mlx-lm's `_process_and_sample`: processors, log-softmax over the last axis, sampler.
+fn process_and_sample(sampler: &SamplerConfig, history: Option<&Array>, logits: &Array) -> Result<(Array, Array)> {
+    let logits = if sampler.processors.is_empty() { logits.clone() } else { sampler.processors.apply(history, logits)? };
+    let logprobs = logits.sub(&logits.logsumexp(&[-1], true)?)?;
+    let y = sampler.sample(&logprobs)?;
+    Ok((y, logprobs))
+}
+
+/// mlx-lm's `_step`: one forward pass over `input` (L,), then the last `n_predict` positions are
+/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab).
+fn step(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    input: &Array,
+    n_predict: i32,
+    config: &GenerateConfig,
+    history: &mut History,
+) -> Result<(Array, Array)> {
+    let len = input.dim(0);
+    let logits = model.forward(&input.reshape(&[1, len])?, cache)?; // (1, L, vocab)
+    let logits = logits.slice_axis(1, -n_predict, i32::MAX)?;
+    maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
+    let sampler = &config.sampler;
+    if sampler.processors.is_empty() {
+        // All positions in one sampler call (one random draw for all of them).
+        return process_and_sample(sampler, None, &logits.squeeze(&[0])?);
+    }
+    let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
+    let (mut ys, mut lps) = (Vec::new(), Vec::new());
+    for i in 0..n_predict {
+        history.push(&y)?;
+        let row = logits.slice_axis(1, i, i + 1)?.squeeze(&[1])?; // (1, vocab)
+        let (t, lp) = process_and_sample(sampler, history.tokens.as_ref(), &row)?;
+        ys.push(t.clone());
+        lps.push(lp);
+        y = t;
+    }
+    let ys: Vec<&Array> = ys.iter().collect();
+    let lps: Vec<&Array> = lps.iter().collect();
+    Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
+}
+
+/// mlx-lm's `_prefill`: every prompt token but the last, in chunks.
+fn prefill(model: &dyn Model, cache: &mut [Box<dyn KvCache>], prompt: &[i32], config: &GenerateConfig) -> Result<()> {
+    let mut rest = prompt;
+    while rest.len() > 1 {
+        let n = config.prefill_step_size.min(rest.len() - 1);
+        model.forward(&Array::from_slice(&rest[..n], &[1, n as i32])?, cache)?;
+        maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
+        let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
+        mlx::eval(&state.iter().collect::<Vec<_>>())?;
+        rest = &rest[n..];
+        mlx::runtime::clear_cache();
+    }
+    Ok(())
+}
+
+/// The continuation (at most `max` tokens) of the latest earlier occurrence of the last n-gram of
+/// `seq`, for n from `ngram` down to 1; empty when there is none.
+pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
+    let len = seq.len();
+    if max == 0 || len < 2 {
+        return Vec::new();
+    }
+    for n in (1..=ngram.min(len - 1)).rev() {
+        let tail = &seq[len - n..];
+        if let Some(i) = (0..len - n).rev().find(|&i| &seq[i..i + n] == tail) {
+            let start = i + n;
+            return seq[start..(start + max).min(len)].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// Yields generated tokens, a round of speculation at a time; the caller stops it at EOS.
+pub struct SpeculativeGenerator<'m> {
+    model: &'m dyn Model,
+    cache: Vec<Box<dyn KvCache>>,
+    draft: Draft<'m>,
+    config: GenerateConfig,
+    /// The current draft length and its bounds.
+    k: usize,
+    k_max: usize,
+    adaptive: bool,
+    /// The target's next input (its last token, not yet in its cache) and the draft model's.
+    y: Vec<u32>,
+    draft_y: Vec<u32>,
+    history: History,
+    /// Prompt and tokens so far (prompt lookup only).
+    seq: Vec<u32>,
+    ready: VecDeque<SpecToken>,
+    ntoks: usize,
+    stats: SpecStats,
+    done: bool,
+}
+
+impl<'m> SpeculativeGenerator<'m> {
+    /// Prefills `prompt` into the draft cache and then `cache` (fresh or continued; both trimmable).
+    pub fn new(
+        model: &'m dyn Model,
+        prompt: &[u32],
+        cache: Vec<Box<dyn KvCache>>,
+        mut draft: Draft<'m>,
+        config: GenerateConfig,
+        spec: SpeculativeConfig,
+    ) -> Result<SpeculativeGenerator<'m>> {
+        let invalid = |m: &str| Err(EngineError::Invalid(m.into()));
+        if prompt.is_empty() {
+            return invalid("the prompt is empty: there is nothing to continue");
+        }
+        config.sampler.validate()?;
+        config.sampler.validate_vocab(model.vocab_size())?;
+        if config.prefill_step_size == 0 {
+            return invalid("prefill step size must be at least 1");
+        }
+        if let Some(q) = &config.kv_quant {
+            q.validate()?;
+        }
+        if spec.num_draft_tokens == 0 {
+            return invalid("the number of draft tokens must be at least 1");
+        }
+        if !can_trim_prompt_cache(&cache) {
+            return invalid("speculative decoding needs a trimmable KV cache (not a rotating one)");
+        }
+        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let processors = &config.sampler.processors;
+        let need = processors.history_needed();
+        let mut history = History { tokens: None, track: !processors.is_empty() && need != Some(0), keep: need };
+        match &mut draft {
+            Draft::Model { model: d, cache: dc } => {
+                config.sampler.validate_vocab(d.vocab_size())?;
+                if !can_trim_prompt_cache(dc) {
+                    return invalid("speculative decoding needs a trimmable draft KV cache (not a rotating one)");
+                }
+                prefill(*d, dc, &ids, &config)?;
+            }
+            Draft::PromptLookup { ngram } => {
+                if *ngram == 0 {
+                    return invalid("the prompt-lookup n-gram size must be at least 1");
+                }
+                // The whole history before the pending token, as plain generation has it.
+                if history.track && ids.len() > 1 {
+                    history.push(&Array::from_slice(&ids[..ids.len() - 1], &[ids.len() as i32 - 1])?)?;
+                    history.cut_front()?;
+                }
+            }
+        }
+        let mut cache = cache;
+        prefill(model, &mut cache, &ids, &config)?;
+        let last = *prompt.last().unwrap_or(&0);
+        let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
+        let k = spec.num_draft_tokens;
+        let config_max = config.max_tokens;
+        Ok(SpeculativeGenerator {
+            model,
+            cache,
+            draft,
+            config,
+            k,
+            k_max: 4 * k,
+            adaptive: spec.adaptive,
+            y: vec![last],
+            draft_y: vec![last],
+            history,
+            seq,
+            ready: VecDeque::new(),
+            ntoks: 0,
+            stats: SpecStats::default(),
+            done: config_max == Some(0),
+        })
+    }
+
+    pub fn stats(&self) -> SpecStats {
+        self.stats
+    }
+
+    /// The draft length of the next round.
+    pub fn draft_length(&self) -> usize {
+        self.k
+    }
+
+    /// One round: draft, verify, queue the accepted tokens, rewind the caches.
+    fn round(&mut self) -> Result<()> {
+        let max = self.config.max_tokens.unwrap_or(usize::MAX);
+        let want = (max - self.ntoks).min(self.k);
+        // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
+        let (draft_tokens, lookup) = match &mut self.draft {
+            Draft::Model { model, cache } => {
+                let mut ds = Vec::with_capacity(want);
+                let mut input = Array::from_slice(&self.draft_y, &[self.draft_y.len() as i32])?;
+                for _ in 0..want {
+                    let (d, _) = step(*model, cache, &input, 1, &self.config, &mut self.history)?;
+                    async_eval(&[&d])?;
+                    ds.push(d.clone());
+                    input = d;
+                }
+                // Drops what the draft steps added to the history but the target's pending token.
+                self.history.drop_last((self.y.len() + want).saturating_sub(1))?;
+                (ds, None)
+            }
+            Draft::PromptLookup { ngram } => {
+                let found = prompt_lookup(&self.seq, *ngram, want);
+                let ds = if found.is_empty() { Vec::new() } else { vec![Array::from_slice(&found, &[found.len() as i32])?] };
+                (ds, Some(found))
+            }
+        };
+        let num_draft = lookup.as_ref().map_or(draft_tokens.len(), Vec::len);
+        let mut parts = vec![Array::from_slice(&self.y, &[self.y.len() as i32])?];
+        parts.extend(draft_tokens);
+        let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
+        let (tokens, logprobs) =
+            step(self.model, &mut self.cache, &input, num_draft as i32 + 1, &self.config, &mut self.history)?;
+        mlx::eval(&[&tokens, &input])?;
+        let tokens: Vec<u32> = tokens.to_vec()?;
+        let drafted: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
+        let drafted = &drafted[self.y.len()..];
+        self.stats.proposed += num_draft;
+        self.stats.rounds += 1;
+
+        let row = |i: usize| -> Result<Array> { Ok(logprobs.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?) };
+        let mut n = 0;
+        while n < num_draft && tokens[n] == drafted[n] {
+            self.ready.push_back(SpecToken { token: tokens[n], logprobs: row(n)?, from_draft: true });
+            n += 1;
+            self.ntoks += 1;
+            if self.ntoks == max {
+                break;
+            }
+        }
+        if self.ntoks < max {
+            self.ntoks += 1;
+            self.ready.push_back(SpecToken { token: tokens[n], logprobs: row(n)?, from_draft: false });
+        }
+        if self.ntoks == max {
+            self.done = true;
+        }
+        if lookup.is_some() {
+            self.seq.extend_from_slice(&tokens[..=n]);
+        }
+        self.y = vec![tokens[n]];
+        self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
+            // The last draft token has not been through the draft model yet.
+            vec![drafted[num_draft - 1], tokens[n]]
+        } else {
+            vec![tokens[n]]
+        };
+        // The history keeps the accepted tokens (mlx-lm drops at least one: the draft model
+        // appends its two-token input again).
+        let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
+        self.history.drop_last(extra)?;
+        self.history.cut_front()?;
+        trim_prompt_cache(&mut self.cache, (num_draft - n) as i32)?;
+        if let Draft::Model { cache, .. } = &mut self.draft {
+            trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
+        }
+        if self.adaptive && num_draft > 0 {
+            self.k = if n == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
+        }
+        if self.stats.rounds.is_multiple_of(256) {
+            mlx::runtime::clear_cache();
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for SpeculativeGenerator<'_> {
+    type Item = Result<SpecToken>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ready.is_empty() && !self.done {
+            if let Err(e) = self.round() {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+        let t = self.ready.pop_front()?;
+        if t.from_draft {
+            self.stats.accepted += 1;
+        }
+        Some(Ok(t))
+    }
+}
