@@ -3,4 +3,4 @@
 # time (MLX_GEN_TEST_THREADS to change it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace -- --test-threads="${MLX_GEN_TEST_THREADS:-2}"
+cargo test --workspace --no-fail-fast -- --test-threads="${MLX_GEN_TEST_THREADS:-2}"

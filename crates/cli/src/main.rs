@@ -106,8 +106,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // As mlx-lm's generation_stream: a stream of our own (measurably faster on CUDA than the default).
     mlx::runtime::use_new_stream()?;
     // On the GPU, fuse q/k/v and gate/up projections (fewer kernels per token); the CPU keeps
-    // mlx-lm's exact shapes so that its results stay bit-identical. MLX_GEN_NO_FUSE=1 turns it off.
-    engine::nn::set_fused_projections(device == mlx::runtime::Device::Gpu && std::env::var_os("MLX_GEN_NO_FUSE").is_none());
+    // mlx-lm's exact shapes so that its results stay bit-identical. MLX_GEN_NO_FUSE=1 turns it off,
+    // MLX_GEN_FUSE=1 turns it on anywhere.
+    let fuse = (device == mlx::runtime::Device::Gpu && std::env::var_os("MLX_GEN_NO_FUSE").is_none())
+        || std::env::var_os("MLX_GEN_FUSE").is_some();
+    engine::nn::set_fused_projections(fuse);
     match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

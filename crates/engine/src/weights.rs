@@ -7,15 +7,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// All tensors of a checkpoint, and which of them the model has taken.
+/// All tensors of a checkpoint not yet taken by the model, and the names of those taken. A taken
+/// tensor leaves the map, so that a layer which transforms its weights at load (fusing, say) can
+/// free the originals at once rather than when loading ends.
 pub struct Weights {
-    tensors: HashMap<String, Array>,
+    tensors: RefCell<HashMap<String, Array>>,
     taken: RefCell<BTreeSet<String>>,
 }
 
 impl Weights {
     pub fn from_map(tensors: HashMap<String, Array>) -> Self {
-        Weights { tensors, taken: RefCell::new(BTreeSet::new()) }
+        Weights { tensors: RefCell::new(tensors), taken: RefCell::new(BTreeSet::new()) }
     }
 
     /// Reads `model*.safetensors` in `dir` (the files an index names, or all that match).
@@ -33,26 +35,39 @@ impl Weights {
 
     /// Drops tensors the architecture knows it does not need (mlx-lm's `sanitize`).
     pub fn drop_where(&mut self, unwanted: impl Fn(&str) -> bool) {
-        self.tensors.retain(|name, _| !unwanted(name));
+        self.tensors.get_mut().retain(|name, _| !unwanted(name));
     }
 
+    /// Whether the checkpoint has (or had, before the model took it) this tensor.
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.borrow().contains_key(name) || self.taken.borrow().contains(name)
+    }
+
+    /// The shape of a tensor not taken yet.
+    pub fn shape(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.borrow().get(name).map(Array::shape)
     }
 
     /// Takes a tensor out of the checkpoint (for `sanitize` rewrites such as stacking experts).
     pub fn remove(&mut self, name: &str) -> Option<Array> {
-        self.tensors.remove(name)
+        self.tensors.get_mut().remove(name)
     }
 
     /// Adds a tensor made by a `sanitize` rewrite.
     pub fn insert(&mut self, name: String, a: Array) {
-        self.tensors.insert(name, a);
+        self.tensors.get_mut().insert(name, a);
     }
 
     /// Takes a tensor, checking its shape where one is expected.
     pub fn get(&self, name: &str, expected: Option<&[i32]>) -> Result<Array> {
-        let a = self.tensors.get(name).ok_or_else(|| EngineError::MissingTensor(name.to_owned()))?;
+        let mut tensors = self.tensors.borrow_mut();
+        let a = tensors.get(name).ok_or_else(|| {
+            if self.taken.borrow().contains(name) {
+                EngineError::Invalid(format!("tensor {name} is used twice by the model"))
+            } else {
+                EngineError::MissingTensor(name.to_owned())
+            }
+        })?;
         if let Some(shape) = expected {
             let found = a.shape();
             if found != shape {
@@ -60,7 +75,7 @@ impl Weights {
             }
         }
         self.taken.borrow_mut().insert(name.to_owned());
-        Ok(a.clone())
+        Ok(tensors.remove(name).expect("present: checked above"))
     }
 
     pub fn view(&self, prefix: &str) -> Vb<'_> {
@@ -69,8 +84,8 @@ impl Weights {
 
     /// Fails, naming them, if any tensor was never taken.
     pub fn finish(&self) -> Result<()> {
-        let taken = self.taken.borrow();
-        let unused: BTreeSet<&String> = self.tensors.keys().filter(|k| !taken.contains(*k)).collect();
+        let tensors = self.tensors.borrow();
+        let unused: BTreeSet<&String> = tensors.keys().collect();
         if unused.is_empty() {
             return Ok(());
         }
@@ -104,6 +119,11 @@ impl<'a> Vb<'a> {
 
     pub fn get(&self, name: &str, shape: &[i32]) -> Result<Array> {
         self.w.get(&self.path(name), Some(shape))
+    }
+
+    /// The shape of a tensor under this prefix that has not been taken yet.
+    pub fn shape(&self, name: &str) -> Option<Vec<i32>> {
+        self.w.shape(&self.path(name))
     }
 
     /// A tensor whose shape the caller checks itself.

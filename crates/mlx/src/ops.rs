@@ -387,6 +387,7 @@ pub fn gather_mm(
 /// sorted_indices)`: the quantized `gather_mm` (mlx-lm's `QuantizedSwitchLinear`), reading only
 /// the chosen experts' weights.
 #[track_caller]
+#[allow(clippy::too_many_arguments)]
 pub fn gather_qmm(
     x: &Array,
     w: &Array,

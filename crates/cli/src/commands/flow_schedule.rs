@@ -16,7 +16,7 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=engine::flow::MAX_STEPS as i64))]
     pub steps: u32,
     /// Static shift s: sigma' = s*sigma / (1 + (s-1)*sigma) (SD3: 3.0). Default 1 (no shift).
-    #[arg(long, conflicts_with_all = ["image_seq_len", "mu"])]
+    #[arg(long, conflicts_with_all = ["image_seq_len", "mu"], allow_hyphen_values = true)]
     pub shift: Option<f64>,
     /// Dynamic shifting for an image of this many latent tokens ((H/16)*(W/16) for FLUX): mu by
     /// linear interpolation between --base-shift and --max-shift, then the exponential time shift.

@@ -174,7 +174,8 @@ pub fn soft_mask(width: u32, height: u32, pad: Pad, feather: u32) -> Raster<u8> 
             .flatten()
             .min()
             .map_or(u64::MAX, |d| d as u64);
-            let v = if d <= f { ((255 * (f + 1 - d) + (f + 1) / 2) / (f + 1)) as u8 } else { 0 };
+            // round(255·(f + 1 − d) / (f + 1)), halves up, in integers.
+            let v = if d <= f { ((2 * 255 * (f + 1 - d) + f + 1) / (2 * (f + 1))) as u8 } else { 0 };
             data[(t + y) * ow + l + x] = v;
         }
     }

@@ -60,11 +60,13 @@ impl QuantConfig {
                 .map(Some);
         }
         // As mlx-lm's infer_quant_config: from the packed weight and scales shapes.
-        let w = vb.get_any("weight")?;
-        let s = vb.get_any("scales")?;
-        let (packed, groups) = (w.dim(-1), s.dim(-1));
+        let (Some(w), Some(s)) = (vb.shape("weight"), vb.shape("scales")) else {
+            return Err(EngineError::MissingTensor(vb.path("weight")));
+        };
+        let last = |v: &[i32]| v.last().copied().unwrap_or(0);
+        let (packed, groups) = (last(&w), last(&s));
         if groups <= 0 || in_dims % groups != 0 || (packed * 32) % in_dims != 0 {
-            return Err(EngineError::Shape { name: vb.path("scales"), found: s.shape(), expected: vec![-1, -1] });
+            return Err(EngineError::Shape { name: vb.path("scales"), found: s, expected: vec![-1, -1] });
         }
         let spec = QuantSpec { group_size: in_dims / groups, bits: packed * 32 / in_dims };
         if ![2, 3, 4, 5, 6, 8].contains(&spec.bits) {

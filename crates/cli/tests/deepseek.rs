@@ -1,0 +1,209 @@
+//! Oracle tests for `deepseek_v2` and `deepseek_v3` (tests/oracle/make_deepseek.py: tiny random
+//! models with routed + shared experts, group-limited routing, q_lora on and off, a dense layer then
+//! MoE layers, float32 and 4-bit): `mlx-gen generate` must give Python mlx-lm 0.32.2's greedy tokens
+//! and text (64 tokens), and the engine's prompt logits must be within 1e-5 of mlx-lm's (float32
+//! weights and scales; 1e-2 x the logit range for bfloat16), also with rotating and quantized KV
+//! caches and chunked prefill.
+//! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+const MAX_TOKENS: usize = 64;
+/// With the template's default system prompt, long enough (47 tokens) for the sorted-experts path.
+const CHAT_PROMPT: &str = "Hello, how are you?";
+const RAW_PROMPT: &str = "The capital of France is";
+const VARIANTS: &[&str] = &[
+    "dsv2-f32",
+    "dsv2-qlora-f32",
+    "dsv2-q4g32",
+    "dsv2-q4g32-bf16",
+    "dsv3-f32",
+    "dsv3-noqlora-f32",
+    "dsv3-q4g32",
+    "dsv3-q4g32-bf16",
+    "dsv3-kvb-q4g32",
+];
+
+/// The folder of the DeepSeek models, built once per content of the scripts that make them.
+fn models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let py = common::venv_python();
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for f in ["make_deepseek.py", "make_models.py", "make_tokenizer.py", "reference.py"] {
+            for b in f.bytes().chain(std::fs::read(common::oracle_dir().join(f)).unwrap_or_default()) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x100_0000_01b3);
+            }
+        }
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
+        let dir = base.join(format!("deepseek-models-{h:016x}"));
+        let marker = dir.join(".complete");
+        let lock = std::fs::File::create(base.join(format!("deepseek-models-{h:016x}.lock"))).expect("lock file");
+        lock.lock().expect("lock the DeepSeek models");
+        if !marker.exists() {
+            let out = Command::new(py)
+                .arg(common::oracle_dir().join("make_deepseek.py"))
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run make_deepseek.py");
+            assert!(
+                out.status.success(),
+                "make_deepseek.py failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::write(&marker, b"").expect("write marker");
+        }
+        dir
+    })
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("token id") as u32).collect()
+}
+
+fn check(variant: &str, prompt: &str, ignore_chat_template: bool) {
+    let dir = models_dir().join(variant);
+    let case = format!("{variant} (prompt {prompt:?}, ignore_chat_template={ignore_chat_template})");
+    let max = MAX_TOKENS.to_string();
+    let mut args = vec!["--prompt", prompt, "--max-tokens", &max];
+    if ignore_chat_template {
+        args.push("--ignore-chat-template");
+    }
+    let out = Command::new(common::venv_python())
+        .arg(common::oracle_dir().join("reference.py"))
+        .arg("--model")
+        .arg(&dir)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run reference.py");
+    assert!(out.status.success(), "{case}: reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).expect("reference.py JSON");
+    let (ref_prompt, ref_tokens) = (ids(&r["prompt_ids"]), ids(&r["tokens"]));
+    let ref_logits: Vec<f32> = r["logits"].as_array().expect("logits").iter().map(|x| x.as_f64().unwrap() as f32).collect();
+
+    // Generation through the CLI.
+    let dir_s = dir.to_str().unwrap();
+    let mut cli = vec!["generate", "--model", dir_s, "--output", "json"];
+    cli.extend(&args);
+    let o = common::mlx_gen(&cli, None);
+    assert!(o.status.success(), "{case}: mlx-gen failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let o: Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
+    assert_eq!(ids(&o["tokens"]), ref_tokens, "{case}: generated tokens differ from mlx-lm's");
+    assert_eq!(o["text"], r["text"], "{case}: text differs from mlx-lm's");
+    assert_eq!(o["prompt_tokens"].as_u64(), Some(ref_prompt.len() as u64), "{case}: prompt_tokens");
+
+    // Prompt logits through the engine.
+    let model = engine::LoadedModel::load(dir.as_path()).unwrap_or_else(|e| panic!("{case}: load: {e:?}"));
+    let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
+    assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
+    let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(models_dir().join("variants.json")).unwrap()).unwrap();
+    let tol = if info[variant]["dtype"] == "float32" {
+        1e-5
+    } else {
+        let (lo, hi) = ref_logits.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        1e-2 * (hi - lo)
+    };
+    assert!(max_diff <= tol, "{case}: prompt logits differ from mlx-lm's by up to {max_diff:e} (tolerance {tol:e})");
+    eprintln!("{case}: {} tokens equal, logits max |diff| {max_diff:e}", ref_tokens.len());
+}
+
+#[test]
+fn variants_are_covered() {
+    let text = std::fs::read_to_string(models_dir().join("variants.json")).expect("variants.json");
+    let built: serde_json::Map<String, Value> = serde_json::from_str(&text).expect("variants.json object");
+    let mut built: Vec<&str> = built.keys().map(String::as_str).collect();
+    built.sort_unstable();
+    let mut tested = VARIANTS.to_vec();
+    tested.sort_unstable();
+    assert_eq!(built, tested, "the tests must cover exactly the variants make_deepseek.py builds");
+}
+
+#[test]
+fn deepseek_v2() {
+    for v in VARIANTS.iter().filter(|v| v.starts_with("dsv2")) {
+        check(v, CHAT_PROMPT, false);
+        check(v, RAW_PROMPT, true);
+    }
+}
+
+#[test]
+fn deepseek_v3() {
+    for v in VARIANTS.iter().filter(|v| v.starts_with("dsv3")) {
+        check(v, CHAT_PROMPT, false);
+        check(v, RAW_PROMPT, true);
+    }
+}
+
+/// Rotating caches (`--max-kv-size` below the prompt length), a quantized KV cache (V2; mlx-lm's
+/// V3 attention cannot use one) and chunked prefill, against mlx-lm's generate (cache_reference.py).
+#[test]
+fn caches() {
+    let cases: &[(&str, &[&str])] = &[
+        ("dsv2-f32", &["--max-kv-size", "40", "--prefill-step-size", "16"]),
+        ("dsv3-f32", &["--max-kv-size", "40", "--prefill-step-size", "16"]),
+        ("dsv2-f32", &["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "20", "--prefill-step-size", "16"]),
+        ("dsv2-q4g32", &["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0"]),
+        ("dsv3-q4g32", &["--prefill-step-size", "8"]),
+        ("dsv3-noqlora-f32", &["--max-kv-size", "24", "--prefill-step-size", "5"]),
+    ];
+    let json_cases: Vec<Value> = cases
+        .iter()
+        .map(|(v, flags)| {
+            let mut c = serde_json::json!({"op": "generate", "model": models_dir().join(v), "prompt": CHAT_PROMPT,
+                "max_tokens": MAX_TOKENS});
+            for pair in flags.chunks(2) {
+                let key = pair[0].trim_start_matches("--").replace('-', "_");
+                c[key] = Value::from(pair[1].parse::<i64>().unwrap());
+            }
+            c
+        })
+        .collect();
+    let mut child = Command::new(common::venv_python())
+        .arg(common::oracle_dir().join("cache_reference.py"))
+        .current_dir(common::oracle_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cache_reference.py");
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(serde_json::to_string(&json_cases).unwrap().as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().expect("wait for cache_reference.py");
+    assert!(out.status.success(), "cache_reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let refs: Vec<Value> = serde_json::from_slice(&out.stdout).expect("cache_reference.py JSON");
+    for ((variant, flags), r) in cases.iter().zip(&refs) {
+        let dir = models_dir().join(variant);
+        let max = MAX_TOKENS.to_string();
+        let mut args = vec!["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT];
+        args.extend(["--max-tokens", &max, "--output", "json"]);
+        args.extend(flags.iter());
+        let o = common::mlx_gen(&args, None);
+        assert!(o.status.success(), "{variant} {flags:?}: mlx-gen failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        let o: Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
+        assert_eq!(ids(&o["tokens"]), ids(&r["tokens"]), "{variant} {flags:?}: tokens differ from mlx-lm's");
+        eprintln!("{variant} {flags:?}: {} tokens equal", ids(&r["tokens"]).len());
+    }
+}
+
+/// V3 with a quantized KV cache fails with a message (mlx-lm fails too), rather than computing garbage.
+#[test]
+fn v3_quantized_kv_refused() {
+    let dir = models_dir().join("dsv3-f32");
+    let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", "Hi", "--max-tokens", "4"];
+    let o = common::mlx_gen(&[&args[..], &["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "0"]].concat(), None);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.contains("quantized KV cache"), "{stderr}");
+}

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Builds tiny random DeepSeek-V2/V3 test models for the mlx-gen oracle tests (crates/cli/tests/deepseek.rs).
+
+Usage: make_deepseek.py OUTDIR
+
+Float variants are written Hugging Face style (one tensor per expert, `kv_b_proj`, `lm_head`); the
+4-bit variants come from mlx-lm's own `mlx_lm.convert` of a float one (so experts are stacked into
+`switch_mlp` and V3's `kv_b_proj` is split into `embed_q`/`unembed_out`, as mlx-lm saves them).
+4-bit bfloat16 conversions of one V2 and one V3 variant, and a V3 checkpoint whose only quantized
+layer is `kv_b_proj` (as older mlx-lm conversions have it). Every variant: several routed experts, 2 shared experts, group-limited routing, layer 0 dense and
+the next ones mixture-of-experts, YaRN rope. Deterministic (fixed seeds). Writes OUTDIR/variants.json.
+Run with the oracle venv's python (scripts/oracle-venv.sh).
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+
+FLOAT = [
+    # V2: no q_lora, group_limited_greedy (4 groups of 2, keep 2), yarn with mscale != mscale_all_dim.
+    dict(name="dsv2-f32", arch="deepseek_v2", q_lora=None, experts=8, top_k=2, n_group=4, topk_group=2,
+         scaling=1.5, mscale=1.0, mscale_all_dim=0.707),
+    # V2 with a low-rank query path (48: not a multiple of the 32 group, so q_b_proj stays float).
+    dict(name="dsv2-qlora-f32", arch="deepseek_v2", q_lora=48, experts=8, top_k=3, n_group=2, topk_group=1,
+         scaling=1.0, mscale=0.707, mscale_all_dim=0.707),
+    # V3: low-rank query, sigmoid routing with correction bias, 4 groups keep 2, normalised top-3.
+    dict(name="dsv3-f32", arch="deepseek_v3", q_lora=32, experts=8, top_k=3, n_group=4, topk_group=2,
+         scaling=2.5, mscale=1.0, mscale_all_dim=1.0, inv_freq=True),
+    # V3 without q_lora, top-2, yarn ratio != 1.
+    dict(name="dsv3-noqlora-f32", arch="deepseek_v3", q_lora=None, experts=8, top_k=2, n_group=2,
+         topk_group=1, scaling=1.0, mscale=1.0, mscale_all_dim=0.8),
+]
+
+# Made by mlx_lm.convert from a float variant (MLX's CPU gather_mm takes float32 only, so the
+# bfloat16 ones are quantized: gather_qmm takes bfloat16).
+QUANT = [
+    dict(name="dsv2-q4g32", src="dsv2-f32", bits=4, group=32, dtype="float32"),
+    dict(name="dsv3-q4g32", src="dsv3-f32", bits=4, group=32, dtype="float32"),
+    dict(name="dsv2-q4g32-bf16", src="dsv2-qlora-f32", bits=4, group=32, dtype="bfloat16"),
+    dict(name="dsv3-q4g32-bf16", src="dsv3-f32", bits=4, group=32, dtype="bfloat16"),
+]
+
+# An older mlx-lm V3 conversion: HF layout with only `kv_b_proj` quantized (4 bits, group 32), which
+# mlx-lm's sanitize dequantizes, splits and quantizes again.
+KVB_QUANT = dict(name="dsv3-kvb-q4g32", src="dsv3-noqlora-f32", bits=4, group=32)
+
+HIDDEN, INTER, MOE_INTER, HEADS, LAYERS = 64, 96, 32, 4, 3
+KV_LORA, NOPE, ROPE, VHEAD = 32, 32, 32, 32  # V2 keys: 64 wide, so 32-groups quantize them
+
+
+def make_config(v, vocab_size, ids):
+    v3 = v["arch"] == "deepseek_v3"
+    cfg = {
+        "architectures": ["DeepseekV3ForCausalLM" if v3 else "DeepseekV2ForCausalLM"],
+        "model_type": v["arch"],
+        "vocab_size": vocab_size,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "moe_intermediate_size": MOE_INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS,
+        "n_shared_experts": 2,
+        "n_routed_experts": v["experts"],
+        "routed_scaling_factor": v["scaling"],
+        "kv_lora_rank": KV_LORA,
+        "q_lora_rank": v["q_lora"],
+        "qk_rope_head_dim": ROPE,
+        "v_head_dim": VHEAD,
+        "qk_nope_head_dim": NOPE,
+        "topk_method": "noaux_tc" if v3 else "group_limited_greedy",
+        "n_group": v["n_group"],
+        "topk_group": v["topk_group"],
+        "num_experts_per_tok": v["top_k"],
+        "moe_layer_freq": 1,
+        "first_k_dense_replace": 1,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": v["mscale"],
+            "mscale_all_dim": v["mscale_all_dim"],
+        },
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": ids["bos"],
+        "eos_token_id": ids["eos"],
+    }
+    if v3:
+        cfg["scoring_func"] = "sigmoid"
+        cfg["norm_topk_prob"] = True
+    else:
+        cfg["scoring_func"] = "softmax"
+    return cfg
+
+
+def make_weights(v, cfg, real_vocab):
+    rng = np.random.RandomState(zlib.crc32(v["name"].encode()) & 0x7FFFFFFF)
+    V, H = cfg["vocab_size"], HIDDEN
+    qhd = NOPE + ROPE
+
+    def lin(out_dim, in_dim, gain=1.0):
+        return (rng.standard_normal((out_dim, in_dim)) * gain / np.sqrt(in_dim)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def mlp(p, inter):
+        w[p + "gate_proj.weight"] = lin(inter, H, 1.5)
+        w[p + "up_proj.weight"] = lin(inter, H, 1.5)
+        w[p + "down_proj.weight"] = lin(H, inter, 1.5)
+
+    w = {}
+    emb = (rng.standard_normal((V, H)) * 0.5).astype(np.float32)
+    emb[real_vocab:] = 0.0
+    w["model.embed_tokens.weight"] = emb
+    for l in range(LAYERS):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = norm(H)
+        w[p + "post_attention_layernorm.weight"] = norm(H)
+        a = p + "self_attn."
+        if v["q_lora"] is None:
+            w[a + "q_proj.weight"] = lin(HEADS * qhd, H, 2.0)
+        else:
+            w[a + "q_a_proj.weight"] = lin(v["q_lora"], H, 1.5)
+            w[a + "q_a_layernorm.weight"] = norm(v["q_lora"])
+            w[a + "q_b_proj.weight"] = lin(HEADS * qhd, v["q_lora"], 2.0)
+        w[a + "kv_a_proj_with_mqa.weight"] = lin(KV_LORA + ROPE, H, 2.0)
+        w[a + "kv_a_layernorm.weight"] = norm(KV_LORA)
+        w[a + "kv_b_proj.weight"] = lin(HEADS * (NOPE + VHEAD), KV_LORA, 2.0)
+        w[a + "o_proj.weight"] = lin(H, HEADS * VHEAD, 1.5)
+        if v.get("inv_freq"):
+            w[a + "rotary_emb.inv_freq"] = (1.0 / (10000.0 ** (np.arange(0, ROPE, 2) / ROPE))).astype(np.float32)
+        if l < cfg["first_k_dense_replace"]:
+            mlp(p + "mlp.", INTER)
+            continue
+        w[p + "mlp.gate.weight"] = lin(v["experts"], H, 3.0)
+        if v["arch"] == "deepseek_v3":
+            w[p + "mlp.gate.e_score_correction_bias"] = (0.1 * rng.standard_normal(v["experts"])).astype(np.float32)
+        for e in range(v["experts"]):
+            mlp(p + f"mlp.experts.{e}.", MOE_INTER)
+        mlp(p + "mlp.shared_experts.", MOE_INTER * 2)
+    w["model.norm.weight"] = norm(H)
+    head = (rng.standard_normal((V, H)) * 0.5).astype(np.float32)
+    head[real_vocab:] = 0.0
+    w["lm_head.weight"] = head
+    return w
+
+
+def write_float(v, outdir, tokdir, tok_size, ids):
+    import mlx.core as mx
+
+    d = outdir / v["name"]
+    d.mkdir(parents=True)
+    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
+    arrays = {k: mx.array(x) for k, x in make_weights(v, cfg, tok_size).items()}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in tokdir.iterdir():
+        shutil.copy(f, d / f.name)
+    mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+
+
+def write_quant(q, outdir):
+    from mlx_lm import convert
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(str(outdir / q["src"]), str(outdir / q["name"]), quantize=True,
+                q_bits=q["bits"], q_group_size=q["group"], dtype=q["dtype"])
+
+
+def write_kvb_quant(q, outdir):
+    import mlx.core as mx
+
+    src, dst = outdir / q["src"], outdir / q["name"]
+    shutil.copytree(src, dst)
+    weights = mx.load(str(src / "model.safetensors"))
+    out = {}
+    for k, w in weights.items():
+        if k.endswith("kv_b_proj.weight"):
+            base = k[: -len("weight")]
+            out[base + "weight"], out[base + "scales"], out[base + "biases"] = mx.quantize(
+                w, group_size=q["group"], bits=q["bits"])
+        else:
+            out[k] = w
+    mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "pt"})
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization"] = {"group_size": q["group"], "bits": q["bits"]}
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    args = ap.parse_args()
+
+    import mlx.core as mx
+
+    mx.set_default_device(mx.cpu)
+    outdir = Path(args.outdir).resolve()
+    outdir.mkdir(parents=True, exist_ok=True)
+    tokdir = outdir / "_tokenizer"
+    if tokdir.exists():
+        shutil.rmtree(tokdir)
+    make_tokenizer(tokdir, "bpe")
+    tok_size, ids = tokenizer_info(tokdir)
+    info = {}
+    for v in FLOAT:
+        if (outdir / v["name"]).exists():
+            shutil.rmtree(outdir / v["name"])
+        write_float(v, outdir, tokdir, tok_size, ids)
+        info[v["name"]] = dict(kind="float", arch=v["arch"], dtype="float32")
+    for q in QUANT:
+        if (outdir / q["name"]).exists():
+            shutil.rmtree(outdir / q["name"])
+        write_quant(q, outdir)
+        info[q["name"]] = dict(kind="quantized", arch=info[q["src"]]["arch"],
+                               dtype=q["dtype"], bits=q["bits"], group_size=q["group"], src=q["src"])
+    q = KVB_QUANT
+    if (outdir / q["name"]).exists():
+        shutil.rmtree(outdir / q["name"])
+    write_kvb_quant(q, outdir)
+    info[q["name"]] = dict(kind="quantized", arch="deepseek_v3", dtype="float32", bits=q["bits"],
+                           group_size=q["group"], src=q["src"])
+    shutil.rmtree(tokdir)
+    for name in sorted(info):
+        print(name)
+    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
