@@ -70,6 +70,11 @@ struct JsonResult {
     generation_tps: f64,
     peak_memory_gb: f64,
     finish_reason: &'static str,
+    /// Reasoning models (`<think>…</think>`): the reasoning, and the answer after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answer: Option<String>,
     /// Per token (with --logprobs or --top-logprobs): its log-probability.
     #[serde(skip_serializing_if = "Option::is_none")]
     logprobs: Option<Vec<f32>>,
@@ -129,6 +134,8 @@ pub fn run(args: Args) -> Result<()> {
     let sampler = args.sampling.for_models(sampler, &loaded, draft.as_ref())?;
     let tok = &loaded.tokenizer;
     let use_chat_template = !args.ignore_chat_template && tok.has_chat_template();
+    // Whether the template leaves the model inside <think> (R1 distills), for `reasoning`.
+    let mut opens_reasoning = false;
     let prompt_ids = if use_chat_template {
         let mut messages = Vec::new();
         if let Some(system) = &args.system_prompt {
@@ -136,6 +143,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         messages.push(ChatMessage { role: "user".into(), content: raw });
         let mut text = tok.apply_chat_template(&messages, true)?;
+        opens_reasoning = engine::tokenizer::prompt_opens_reasoning(&text);
         if loaded_cache.is_some() {
             // The prompt is a suffix: the cached prefix ends where the user's message starts.
             if let Some(m) = messages.last_mut() {
@@ -212,7 +220,17 @@ pub fn run(args: Args) -> Result<()> {
     let generation_tps = if counted > 0 { counted as f64 / gen_time.max(1e-9) } else { 0.0 };
     let peak_memory_gb = mlx::runtime::peak_memory() as f64 / 1e9;
     if json {
+        let (reasoning, answer) = if tok.has_thinking() {
+            match engine::tokenizer::split_reasoning(detok.text(), opens_reasoning) {
+                (Some(r), a) => (Some(r), Some(a)),
+                (None, _) => (None, None),
+            }
+        } else {
+            (None, None)
+        };
         let result = JsonResult {
+            reasoning,
+            answer,
             text: detok.text().to_owned(),
             generation_tokens: tokens.len(),
             tokens,

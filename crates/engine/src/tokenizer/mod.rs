@@ -10,6 +10,7 @@ mod chat_template;
 mod config;
 mod detokenizer;
 mod pyfmt;
+mod reasoning;
 mod template_source;
 
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use chat_template::ChatTemplates;
 use config::TokenizerConfig;
 pub use detokenizer::{DetokenizerKind, StreamingDetokenizer};
+pub use reasoning::{prompt_opens_reasoning, split_reasoning};
 
 /// Everything that can go wrong while loading or using a tokenizer.
 #[derive(Debug, thiserror::Error)]
