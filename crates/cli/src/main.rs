@@ -40,12 +40,17 @@ enum Command {
     Chat(commands::chat::Args),
     /// Measure prompt and generation speed (as mlx_lm.benchmark).
     Bench(commands::bench::Args),
+    /// Serve a model over an OpenAI-compatible HTTP API (as mlx_lm.server).
+    Serve(commands::serve::Args),
     /// Convert a Hugging Face model (folder or repo id) or a GGUF file to an MLX model folder (as mlx_lm.convert).
     Convert(commands::convert::Args),
     /// Prepare an outpainting canvas: the image padded (pixels kept bit-exact), a binary mask, optionally a feathered one.
     OutpaintPrep(commands::outpaint_prep::Args),
     /// Print the flow-matching Euler schedule (SD3/FLUX sigmas and timesteps), e.g. `--steps 28 --shift 3 --json`.
     FlowSchedule(commands::flow_schedule::Args),
+    /// Run a command on several ranks with MLX distributed (tensor parallel), e.g.
+    /// `launch --hosts 127.0.0.1,127.0.0.1 -- generate --model M`.
+    Launch(commands::launch::Args),
     /// Print a shell completion script: `mlx-gen completions bash > /etc/bash_completion.d/mlx-gen`.
     Completions {
         #[arg(value_enum)]
@@ -86,6 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Man) if !cli.version => return completions::man(Cli::command()),
         Some(Command::OutpaintPrep(args)) if !cli.version => return commands::outpaint_prep::run(args),
         Some(Command::FlowSchedule(args)) if !cli.version => return commands::flow_schedule::run(args),
+        Some(Command::Launch(args)) if !cli.version => return commands::launch::run(args),
         None if !cli.version => {
             Cli::command().print_help()?;
             return Ok(());
@@ -111,14 +117,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let fuse = (device == mlx::runtime::Device::Gpu && std::env::var_os("MLX_GEN_NO_FUSE").is_none())
         || std::env::var_os("MLX_GEN_FUSE").is_some();
     engine::nn::set_fused_projections(fuse);
-    match cli.command {
+    // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
+    commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_))))?;
+    let result = match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),
         Some(Command::CachePrompt(args)) => commands::cache_prompt::run(args),
         Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),
+        Some(Command::Serve(args)) => commands::serve::run(args),
         Some(Command::Convert(args)) => commands::convert::run(args),
-        Some(Command::Completions { .. } | Command::Man | Command::OutpaintPrep(_) | Command::FlowSchedule(_)) | None => Ok(()),
-    }
+        Some(Command::Completions { .. } | Command::Man | Command::OutpaintPrep(_) | Command::FlowSchedule(_) | Command::Launch(_)) | None => Ok(()),
+    };
+    // Let work queued ahead (the decode step after the last token) finish before the process and
+    // MLX's globals are torn down.
+    let _ = mlx::runtime::synchronize();
+    result
 }
 
 /// clap's usage error as one line: the error, its tip, and which `--help` to read.

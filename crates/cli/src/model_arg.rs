@@ -11,7 +11,11 @@ use std::path::{Path, PathBuf};
 pub fn resolve(model: Option<&Path>) -> Result<PathBuf> {
     let quiet = !crate::progress::enabled();
     let Some(path) = model else {
-        return default_model::default_model_dir(quiet).context("cannot prepare the default model");
+        // The spinner says what happens; the fetcher's own notes would print across it.
+        let bar = crate::progress::spinner("Preparing the default model, SmolLM2-135M-Instruct (fetched on first use)");
+        let dir = default_model::default_model_dir(true).context("cannot prepare the default model");
+        bar.finish_and_clear();
+        return dir;
     };
     if path.is_file() && path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
         return imported_gguf(path, quiet);
@@ -78,6 +82,9 @@ fn imported_gguf(path: &Path, quiet: bool) -> Result<PathBuf> {
     if !quiet {
         eprintln!("Importing {} into {} (once)...", path.display(), dir.display());
     }
-    import_gguf(path, &dir, &ImportOptions::default()).with_context(|| format!("cannot import {}", path.display()))?;
+    let bar = crate::progress::spinner(format!("Importing {}", path.display()));
+    let imported = import_gguf(path, &dir, &ImportOptions::default());
+    bar.finish_and_clear();
+    imported.with_context(|| format!("cannot import {}", path.display()))?;
     Ok(dir)
 }

@@ -15,6 +15,7 @@ mod load;
 pub mod models;
 pub mod nn;
 pub mod sample;
+pub mod shard;
 pub mod speculative;
 pub mod tokenizer;
 pub mod weights;

@@ -32,6 +32,16 @@ fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
 
 impl LoadedModel {
     pub fn load(dir: &Path) -> Result<LoadedModel> {
+        Self::load_with(dir, None)
+    }
+
+    /// Loads the model for tensor parallel over `group` (a group of one loads it whole): every
+    /// rank keeps its slice of each attention and MLP projection (see [`crate::shard`]).
+    pub fn load_sharded(dir: &Path, group: &mlx::distributed::Group) -> Result<LoadedModel> {
+        Self::load_with(dir, Some(group))
+    }
+
+    fn load_with(dir: &Path, group: Option<&mlx::distributed::Group>) -> Result<LoadedModel> {
         if !dir.is_dir() {
             return Err(EngineError::NoModelDir(dir.to_owned()));
         }
@@ -55,7 +65,11 @@ impl LoadedModel {
         // The tokenizer first: it is cheap and its errors are common.
         let tokenizer = Tokenizer::from_dir(dir)?;
         let weights = Weights::load_dir(dir)?;
-        let model = models::build(&config, weights)?;
+        let mut model = models::build(&config, weights)?;
+        // Sharded before the weights are read: only the slices are kept (as mlx-lm's `shard`).
+        if let Some(g) = group.filter(|g| g.size() > 1) {
+            model.shard(g)?;
+        }
         // Read every weight now, as mlx-lm's load does, so that load time is load time.
         mlx::eval(&model.parameters())?;
         let mut eos_token_ids = ids_of(config.get("eos_token_id"));

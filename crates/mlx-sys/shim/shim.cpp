@@ -5,6 +5,7 @@
 #include <mlx/mlx.h>
 
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -118,6 +119,10 @@ int mlxs_gpu_available(void) {
 
 int mlxs_set_default_device(int gpu) {
   return guard([&] { mx::set_default_device(gpu ? mx::Device::gpu : mx::Device::cpu); });
+}
+
+int mlxs_synchronize(void) {
+  return guard([&] { mx::synchronize(); });
 }
 
 int mlxs_new_default_stream(void) {
@@ -453,12 +458,17 @@ int mlxs_cumsum(mlxs_array* out, const mlxs_array a, int axis, int reverse, int 
 int mlxs_swiglu(mlxs_array* out, const mlxs_array gate, const mlxs_array up) {
   // mlx-lm's activations.swiglu: `nn.silu(gate) * x` under mx.compile(shapeless=True), so the
   // elementwise chain runs as one fused kernel, with the same operations in the same order.
-  static auto fused = mx::compile(
-      [](const std::vector<mx::array>& in) {
-        return std::vector<mx::array>{mx::multiply(mx::multiply(in[0], mx::sigmoid(in[0])), in[1])};
-      },
-      /* shapeless = */ true);
-  return guard([&] { *out = wrap(fused({arr(gate), arr(up)})[0]); });
+  using Fn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+  return guard([&] {
+    // Built once and never destroyed: at exit, MLX's own globals (allocator, compile cache) may
+    // already be gone when static destructors run, and freeing arrays then corrupts the heap.
+    static const Fn* fused = new Fn(mx::compile(
+        [](const std::vector<mx::array>& in) {
+          return std::vector<mx::array>{mx::multiply(mx::multiply(in[0], mx::sigmoid(in[0])), in[1])};
+        },
+        /* shapeless = */ true));
+    *out = wrap((*fused)({arr(gate), arr(up)})[0]);
+  });
 }
 
 int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, float eps) {

@@ -23,6 +23,7 @@ int mlxs_gpu_available(void);
 int mlxs_set_default_device(int gpu);
 int mlxs_device_name(char* buf, size_t len);
 int mlxs_new_default_stream(void);
+int mlxs_synchronize(void);
 
 /* array lifecycle and host access */
 void mlxs_array_free(mlxs_array a);
@@ -124,6 +125,21 @@ int mlxs_gather_mm(mlxs_array* out, const mlxs_array a, const mlxs_array b, cons
 int mlxs_gather_qmm(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
                     const mlxs_array biases, const mlxs_array lhs_indices, const mlxs_array rhs_indices,
                     int transpose, int group_size, int bits, const char* mode, int sorted_indices);
+
+/* distributed (shim/distributed.cpp): groups over a backend ("ring", "mpi", "nccl", "jaccl", "any")
+ * and collectives. These report errors through mlxs_dist_last_error(), not mlxs_last_error(). */
+typedef struct mlxs_group_* mlxs_group;
+const char* mlxs_dist_last_error(void);
+int mlxs_dist_is_available(const char* backend);
+int mlxs_dist_init(mlxs_group* out, int strict, const char* backend);
+void mlxs_group_free(mlxs_group g);
+int mlxs_group_rank(const mlxs_group g);
+int mlxs_group_size(const mlxs_group g);
+int mlxs_group_split(mlxs_group* out, const mlxs_group g, int color, int key);
+int mlxs_dist_all_sum(mlxs_array* out, const mlxs_array x, const mlxs_group g);
+int mlxs_dist_all_gather(mlxs_array* out, const mlxs_array x, const mlxs_group g);
+int mlxs_dist_send(mlxs_array* out, const mlxs_array x, int dst, const mlxs_group g);
+int mlxs_dist_recv_like(mlxs_array* out, const mlxs_array like, int src, const mlxs_group g);
 
 #ifdef __cplusplus
 }

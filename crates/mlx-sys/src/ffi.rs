@@ -13,6 +13,11 @@ pub struct mlxs_tensors_ {
 }
 pub type mlxs_array = *mut mlxs_array_;
 pub type mlxs_tensors = *mut mlxs_tensors_;
+#[repr(C)]
+pub struct mlxs_group_ {
+    _private: [u8; 0],
+}
+pub type mlxs_group = *mut mlxs_group_;
 
 extern "C" {
     pub fn mlxs_last_error() -> *const c_char;
@@ -22,6 +27,7 @@ extern "C" {
     pub fn mlxs_set_default_device(gpu: c_int) -> c_int;
     pub fn mlxs_device_name(buf: *mut c_char, len: usize) -> c_int;
     pub fn mlxs_new_default_stream() -> c_int;
+    pub fn mlxs_synchronize() -> c_int;
 
     pub fn mlxs_array_free(a: mlxs_array);
     pub fn mlxs_array_clone(out: *mut mlxs_array, a: mlxs_array) -> c_int;
@@ -243,4 +249,16 @@ extern "C" {
         mode: *const c_char,
         sorted_indices: c_int,
     ) -> c_int;
+
+    pub fn mlxs_dist_last_error() -> *const c_char;
+    pub fn mlxs_dist_is_available(backend: *const c_char) -> c_int;
+    pub fn mlxs_dist_init(out: *mut mlxs_group, strict: c_int, backend: *const c_char) -> c_int;
+    pub fn mlxs_group_free(g: mlxs_group);
+    pub fn mlxs_group_rank(g: mlxs_group) -> c_int;
+    pub fn mlxs_group_size(g: mlxs_group) -> c_int;
+    pub fn mlxs_group_split(out: *mut mlxs_group, g: mlxs_group, color: c_int, key: c_int) -> c_int;
+    pub fn mlxs_dist_all_sum(out: *mut mlxs_array, x: mlxs_array, g: mlxs_group) -> c_int;
+    pub fn mlxs_dist_all_gather(out: *mut mlxs_array, x: mlxs_array, g: mlxs_group) -> c_int;
+    pub fn mlxs_dist_send(out: *mut mlxs_array, x: mlxs_array, dst: c_int, g: mlxs_group) -> c_int;
+    pub fn mlxs_dist_recv_like(out: *mut mlxs_array, like: mlxs_array, src: c_int, g: mlxs_group) -> c_int;
 }

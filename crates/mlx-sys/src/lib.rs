@@ -5,6 +5,7 @@
 //! errors. Operation codes (`UNARY_*`, `BINARY_*`, ...) mirror the `switch`es in `shim.cpp`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod distributed;
 pub mod ffi;
 
 use std::ffi::{c_int, CStr, CString};
@@ -103,6 +104,11 @@ pub fn set_default_device(gpu: bool) -> Result<()> {
 /// Makes a fresh stream on the default device the default stream (mlx-lm's `generation_stream`).
 pub fn new_default_stream() -> Result<()> {
     check(unsafe { ffi::mlxs_new_default_stream() })
+}
+
+/// Waits until every queued MLX computation on the default stream has finished.
+pub fn synchronize() -> Result<()> {
+    check(unsafe { ffi::mlxs_synchronize() })
 }
 
 pub fn device_name() -> Result<String> {
@@ -583,3 +589,4 @@ pub fn gather_qmm(
         )
     })
 }
+

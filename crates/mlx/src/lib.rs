@@ -5,6 +5,7 @@
 
 mod array;
 mod error;
+pub mod distributed;
 pub mod fast;
 pub mod io;
 pub mod ops;

@@ -45,6 +45,12 @@ pub fn use_new_stream() -> Result<()> {
     ctx("new stream", mlx_sys::new_default_stream())
 }
 
+/// Waits for all queued work of the default stream (e.g. a step queued ahead and never read).
+#[track_caller]
+pub fn synchronize() -> Result<()> {
+    ctx("synchronize", mlx_sys::synchronize())
+}
+
 /// The name of the current default device as MLX reports it.
 #[track_caller]
 pub fn device_name() -> Result<String> {

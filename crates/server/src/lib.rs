@@ -1,2 +1,66 @@
-//! mlx-gen server (see the server issue).
+//! mlx-gen's OpenAI-compatible HTTP server: axum handlers on tokio, one engine thread that owns the model.
 #![forbid(unsafe_code)]
+pub mod api;
+pub mod metrics;
+mod routes;
+pub mod stop;
+pub mod worker;
+
+use anyhow::{Context, Result};
+use engine::LoadedModel;
+use std::sync::Arc;
+
+/// What `mlx-gen serve` was asked for.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The id `/v1/models` lists and requests may name.
+    pub model_id: String,
+    pub host: String,
+    pub port: u16,
+    /// With a key, every route but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Request bodies larger than this are refused (413).
+    pub max_body_bytes: usize,
+}
+
+/// Serves `loaded` until Ctrl-C (or SIGTERM), then lets running requests finish and returns.
+pub fn serve(loaded: LoadedModel, options: ServeOptions) -> Result<()> {
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone()).context("cannot start the engine thread")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let addr = format!("{}:{}", options.host, options.port);
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!("mlx-gen serving {} on http://{local} (Ctrl-C stops)", options.model_id);
+        let app = routes::router(routes::AppState { jobs: jobs_tx, metrics, options: Arc::new(options) });
+        axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(stopping)).await.context("the server failed")
+    })?;
+    drop(runtime);
+    let _ = engine.join();
+    Ok(())
+}
+
+/// Resolves at Ctrl-C or SIGTERM, after telling the engine thread to end running jobs.
+async fn shutdown_signal(stopping: Arc<std::sync::atomic::AtomicBool>) {
+    wait_for_signal().await;
+    eprintln!("shutting down");
+    stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        let ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
+        let term = std::pin::pin!(term.recv());
+        let _ = futures_util::future::select(ctrl_c, term).await;
+        return;
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -123,7 +123,7 @@ pub fn run(args: Args) -> Result<()> {
         (m, _) => m.clone(),
     };
     let model_dir = crate::model_arg::resolve(model_arg.as_deref())?;
-    let (loaded, _) = crate::progress::load_model(&model_dir)?;
+    let loaded = super::launch::load_model(&model_dir)?;
     if args.spec.enabled() && args.kv.max_kv_size.is_some() {
         bail!("--max-kv-size does not combine with speculative decoding (its rotating cache cannot be rewound)");
     }
@@ -186,8 +186,10 @@ pub fn run(args: Args) -> Result<()> {
         Some(c) => c.cache,
         None => super::cache_prompt::make_cache(&loaded, &args.kv, args.kv_cache)?,
     };
+    super::launch::heartbeat("prefill");
     let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config)?;
     for step in stream.by_ref() {
+        super::launch::heartbeat("generation step");
         let (step, _from_draft) = step?;
         if tokens.is_empty() {
             prompt_time = tic.elapsed().as_secs_f64();
@@ -209,6 +211,7 @@ pub fn run(args: Args) -> Result<()> {
             out.flush()?;
         }
     }
+    super::launch::finished();
     detok.finalize();
     let gen_time = gen_start.elapsed().as_secs_f64();
     if prompt_time == 0.0 {

@@ -28,6 +28,15 @@ pub trait Model: Send {
         let _ = max_kv_size;
         self.make_cache()
     }
+    /// Keeps only this rank's part of the weights for tensor parallel over `group` (see
+    /// [`crate::shard`]); architectures without it refuse.
+    fn shard(&mut self, group: &mlx::distributed::Group) -> Result<()> {
+        Err(EngineError::Config(format!(
+            "tensor parallel over {} ranks is not supported for model_type {} yet",
+            group.size(),
+            self.model_type()
+        )))
+    }
     /// tokens (B, L) -> logits (B, L, vocab), appending to `cache`.
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array>;
 }

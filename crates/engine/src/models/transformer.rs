@@ -5,7 +5,9 @@ use super::Model;
 use crate::cache::{CacheMask, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::{Attention, AttentionSpec, Embedding, Linear, QuantConfig, RmsNorm, Rope};
+use crate::shard::ShardMode;
 use crate::weights::Weights;
+use mlx::distributed::Group;
 use mlx::Array;
 
 /// Everything that distinguishes one dense architecture from another.
@@ -63,6 +65,21 @@ impl Mlp {
             },
             down_proj: Linear::load(&vb.pp("down_proj"), ff, d, bias, q)?,
         })
+    }
+
+    /// gate/up keep this rank's block of the hidden units, down the matching columns.
+    fn shard(&self, group: &Group) -> Result<Mlp> {
+        let gate_up = match &self.gate_up {
+            GateUp::Separate { gate, up } => GateUp::Separate {
+                gate: gate.shard(ShardMode::AllToSharded, &[gate.out_dims()], group)?,
+                up: up.shard(ShardMode::AllToSharded, &[up.out_dims()], group)?,
+            },
+            GateUp::Fused(f, ff) => GateUp::Fused(
+                f.shard(ShardMode::AllToSharded, &[*ff, *ff], group)?,
+                crate::shard::check_divides("the MLP hidden size", *ff, group.size())?,
+            ),
+        };
+        Ok(Mlp { gate_up, down_proj: self.down_proj.shard(ShardMode::ShardedToAll, &[], group)? })
     }
 
     fn arrays(&self) -> Vec<&Array> {
@@ -139,6 +156,14 @@ impl Decoder {
 impl Model for Decoder {
     fn model_type(&self) -> &str {
         &self.spec.model_type
+    }
+
+    fn shard(&mut self, group: &Group) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn = layer.self_attn.shard(group)?;
+            layer.mlp = layer.mlp.shard(group)?;
+        }
+        Ok(())
     }
 
     fn vocab_size(&self) -> i32 {

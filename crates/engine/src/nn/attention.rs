@@ -3,8 +3,10 @@
 use super::{Linear, QuantConfig, RmsNorm, Rope};
 use crate::cache::KvCache;
 use crate::error::Result;
+use crate::shard::ShardMode;
 use crate::weights::Vb;
 use mlx::fast::{self, Mask};
+use mlx::distributed::Group;
 use mlx::Array;
 
 /// The shape of one attention block, as read from a config.
@@ -37,6 +39,7 @@ pub struct Attention {
     k_norm: Option<RmsNorm>,
     n_heads: i32,
     n_kv_heads: i32,
+    head_dim: i32,
     scale: f32,
     rope: Rope,
 }
@@ -60,9 +63,34 @@ impl Attention {
             k_norm: norm("k_norm")?,
             n_heads: h,
             n_kv_heads: kvh,
+            head_dim: hd,
             // head_dim ** -0.5 in Python (a double), handed to MLX as a float.
             scale: (hd as f64).powf(-0.5) as f32,
             rope,
+        })
+    }
+
+    /// This rank's heads for tensor parallel over `group` (as mlx-lm's `shard`): q/k/v keep their
+    /// heads' rows, o_proj the matching columns and sums over the group.
+    pub fn shard(&self, group: &Group) -> Result<Attention> {
+        let size = group.size();
+        let (h, kvh, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let n_heads = crate::shard::check_divides("the attention heads", h, size)?;
+        let n_kv_heads = crate::shard::check_divides("the key/value heads", kvh, size)?;
+        let qkv = match &self.qkv {
+            Qkv::Separate { q, k, v } => Qkv::Separate {
+                q: q.shard(ShardMode::AllToSharded, &[h * hd], group)?,
+                k: k.shard(ShardMode::AllToSharded, &[kvh * hd], group)?,
+                v: v.shard(ShardMode::AllToSharded, &[kvh * hd], group)?,
+            },
+            Qkv::Fused(f) => Qkv::Fused(f.shard(ShardMode::AllToSharded, &[h * hd, kvh * hd, kvh * hd], group)?),
+        };
+        Ok(Attention {
+            qkv,
+            o_proj: self.o_proj.shard(ShardMode::ShardedToAll, &[], group)?,
+            n_heads,
+            n_kv_heads,
+            ..self.clone()
         })
     }
 

@@ -1,7 +1,9 @@
 //! `nn.Linear` and `nn.QuantizedLinear`: y = x Wᵀ (+ b), W float or affine-quantized.
 use super::quant::{QuantConfig, Quantized};
 use crate::error::Result;
+use crate::shard::{self, ShardMode};
 use crate::weights::Vb;
+use mlx::distributed::Group;
 use mlx::{ops, Array};
 
 #[derive(Clone)]
@@ -14,6 +16,8 @@ enum Kind {
 pub struct Linear {
     kind: Kind,
     bias: Option<Array>, // (out,)
+    /// Tensor parallel, sharded-to-all: the partial product is summed over this group before the bias.
+    reduce: Option<Group>,
 }
 
 impl Linear {
@@ -24,7 +28,7 @@ impl Linear {
             None => Kind::Float(vb.get("weight", &[out_dims, in_dims])?),
         };
         let bias = if bias { Some(vb.get("bias", &[out_dims])?) } else { None };
-        Ok(Linear { kind, bias })
+        Ok(Linear { kind, bias, reduce: None })
     }
 
     /// One layer computing `parts` side by side (their outputs concatenated), when they are stored
@@ -64,9 +68,17 @@ impl Linear {
             None if parts.iter().all(|p| p.bias.is_none()) => None,
             None => return Ok(None),
         };
-        let fused = Linear { kind, bias };
+        let fused = Linear { kind, bias, reduce: None };
         mlx::eval(&fused.arrays())?;
         Ok(Some(fused))
+    }
+
+    /// The number of outputs.
+    pub fn out_dims(&self) -> i32 {
+        match &self.kind {
+            Kind::Float(w) => w.dim(0),
+            Kind::Quant(q) => q.weight.dim(0),
+        }
     }
 
     /// The weights this layer holds (for evaluation and memory accounting).
@@ -79,8 +91,44 @@ impl Linear {
         v
     }
 
+    /// This rank's part of the layer for tensor parallel over `group` (mlx-lm's `shard_linear`).
+    /// `segments`: the output sizes of the layers fused in this one (one entry when not fused),
+    /// each split evenly for [`ShardMode::AllToSharded`]; unused for [`ShardMode::ShardedToAll`].
+    pub fn shard(&self, mode: ShardMode, segments: &[i32], group: &Group) -> Result<Linear> {
+        let (rank, size) = shard::place(group);
+        let part = |a: &Array| match mode {
+            ShardMode::AllToSharded => shard::rows(a, segments, rank, size),
+            ShardMode::ShardedToAll => shard::cols(a, rank, size),
+        };
+        let kind = match &self.kind {
+            Kind::Float(w) => Kind::Float(part(w)?),
+            Kind::Quant(q) => Kind::Quant(Quantized {
+                weight: part(&q.weight)?,
+                scales: part(&q.scales)?,
+                biases: part(&q.biases)?,
+                spec: q.spec,
+            }),
+        };
+        let (bias, reduce) = match mode {
+            ShardMode::AllToSharded => (self.bias.as_ref().map(|b| shard::rows(b, segments, rank, size)).transpose()?, None),
+            ShardMode::ShardedToAll => (self.bias.clone(), Some(group.clone())),
+        };
+        Ok(Linear { kind, bias, reduce })
+    }
+
     /// x (..., in) -> (..., out)
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if let Some(group) = &self.reduce {
+            let y = match &self.kind {
+                Kind::Float(w) => x.matmul(&w.t()?)?,
+                Kind::Quant(q) => q.matmul_t(x)?,
+            };
+            let y = group.all_sum(&y)?;
+            return Ok(match &self.bias {
+                Some(b) => y.add(b)?,
+                None => y,
+            });
+        }
         match (&self.kind, &self.bias) {
             (Kind::Float(w), Some(b)) => Ok(ops::addmm(b, x, &w.t()?, 1.0, 1.0)?),
             (Kind::Float(w), None) => Ok(x.matmul(&w.t()?)?),

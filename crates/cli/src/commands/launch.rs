@@ -1,0 +1,208 @@
+//! `mlx-gen launch`: one process per rank with MLX's distributed environment, and the rank side of it.
+//!
+//! The launcher writes the ring hostfile (MLX's JSON format: one list of `"ip:port"` per rank),
+//! starts `mlx-gen <command>` once per rank with `MLX_RANK`, `MLX_HOSTFILE`, `MLX_GEN_DISTRIBUTED`
+//! (the backend) and `MLX_GEN_DIST_TIMEOUT` (seconds), shows rank 0's standard output only, and
+//! when a rank fails stops the others and exits non-zero. A rank started with `MLX_GEN_DISTRIBUTED`
+//! joins the group before its command runs and loads its model sharded; a watchdog ends it with a
+//! message when joining or one generation step takes longer than the timeout (a peer died).
+use anyhow::{bail, Context, Result};
+use mlx::distributed::{Backend, Group, Watchdog};
+use std::net::{IpAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Comma-separated IP addresses, one per rank (only this machine's loopback addresses are
+    /// started here; see the README for starting ranks on other machines by hand).
+    #[arg(long, value_delimiter = ',', required_unless_present = "hostfile")]
+    hosts: Vec<IpAddr>,
+    /// A ring hostfile in MLX's JSON format (`[["ip:port"], ...]`), instead of --hosts.
+    #[arg(long, conflicts_with = "hosts")]
+    hostfile: Option<PathBuf>,
+    /// The MLX distributed backend.
+    #[arg(long, default_value = "ring", value_parser = ["ring", "mpi", "nccl", "jaccl", "any"])]
+    backend: String,
+    /// First TCP port of the ring (one port per rank); by default free ports chosen here.
+    #[arg(long)]
+    starting_port: Option<u16>,
+    /// Seconds a rank waits for its peers (to join, or per generation step) before it gives up.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// The mlx-gen command each rank runs, after `--` (e.g. `-- generate --model M --prompt hi`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// Starts the ranks and waits for them; the first failure stops the rest.
+pub fn run(args: &Args) -> Result<()> {
+    let sub = args.command.iter().find(|a| !a.starts_with('-') && *a != "cpu" && *a != "gpu");
+    if sub.map(String::as_str) != Some("generate") {
+        bail!("launch runs `generate` only for now (got {:?})", args.command.join(" "));
+    }
+    if args.backend != "ring" {
+        bail!("launch starts ring ranks only for now; start {} ranks with its own launcher (mpirun, ...)", args.backend);
+    }
+    let (hostfile, ranks) = match &args.hostfile {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?;
+            let hosts: Vec<Vec<String>> =
+                serde_json::from_str(&text).with_context(|| format!("{}: not a JSON list of lists of \"ip:port\"", f.display()))?;
+            for addr in hosts.iter().flatten() {
+                let sa: std::net::SocketAddr = addr.parse().with_context(|| format!("{}: {addr:?} is not ip:port", f.display()))?;
+                if !sa.ip().is_loopback() {
+                    bail!("{}: {addr} is not this machine's loopback address: start remote ranks by hand (see the README)", f.display());
+                }
+            }
+            (text, hosts.len())
+        }
+        None => {
+            if let Some(h) = args.hosts.iter().find(|h| !h.is_loopback()) {
+                bail!("{h} is not this machine's loopback address: start remote ranks by hand (see the README)");
+            }
+            let ports = ports(&args.hosts, args.starting_port)?;
+            let hosts: Vec<Vec<String>> = args.hosts.iter().zip(&ports).map(|(h, p)| vec![format!("{h}:{p}")]).collect();
+            (serde_json::to_string(&hosts)?, hosts.len())
+        }
+    };
+    if ranks < 2 {
+        bail!("a group needs at least 2 ranks, got {ranks}");
+    }
+    let file = std::env::temp_dir().join(format!("mlx-gen-hosts-{}.json", std::process::id()));
+    std::fs::write(&file, &hostfile).with_context(|| format!("cannot write {}", file.display()))?;
+    let exe = std::env::current_exe().context("cannot find the mlx-gen executable")?;
+    let mut children: Vec<Child> = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let child = Command::new(&exe)
+            .args(&args.command)
+            .env("MLX_RANK", rank.to_string())
+            .env("MLX_HOSTFILE", &file)
+            .env("MLX_GEN_DISTRIBUTED", &args.backend)
+            .env("MLX_GEN_DIST_TIMEOUT", args.timeout.to_string())
+            .stdin(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .stdout(if rank == 0 { Stdio::inherit() } else { Stdio::null() })
+            .spawn();
+        match child {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                stop(&mut children);
+                let _ = std::fs::remove_file(&file);
+                bail!("cannot start rank {rank}: {e}");
+            }
+        }
+    }
+    let result = wait_all(&mut children);
+    let _ = std::fs::remove_file(&file);
+    result
+}
+
+/// One port per rank: consecutive from `start`, or free ones found by binding port 0.
+fn ports(hosts: &[IpAddr], start: Option<u16>) -> Result<Vec<u16>> {
+    match start {
+        Some(p) => (0..hosts.len())
+            .map(|i| u16::try_from(usize::from(p) + i).context("--starting-port leaves no room for every rank"))
+            .collect(),
+        None => {
+            // Held until all are chosen, so that no two ranks get the same port.
+            let listeners = hosts.iter().map(|h| TcpListener::bind((*h, 0))).collect::<std::io::Result<Vec<_>>>()?;
+            listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+        }
+    }
+}
+
+fn stop(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Polls the ranks until all succeed or one fails (then the others are killed).
+fn wait_all(children: &mut [Child]) -> Result<()> {
+    let mut done = vec![false; children.len()];
+    loop {
+        for (rank, c) in children.iter_mut().enumerate() {
+            if done[rank] {
+                continue;
+            }
+            if let Some(status) = c.try_wait()? {
+                done[rank] = true;
+                if !status.success() {
+                    stop(children);
+                    bail!("rank {rank} failed ({status}); stopped the other ranks");
+                }
+            }
+        }
+        if done.iter().all(|&d| d) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// This process's place in a launched group.
+struct Rank {
+    group: Group,
+    watchdog: Watchdog,
+    timeout: Duration,
+}
+
+static RANK: OnceLock<Rank> = OnceLock::new();
+
+/// With `MLX_GEN_DISTRIBUTED=<backend>` in the environment, joins the group (strictly, within
+/// `MLX_GEN_DIST_TIMEOUT` seconds, default 120); otherwise does nothing. Only `generate` runs
+/// sharded for now: for other commands (`generate == false`) it refuses.
+pub fn join_from_env(generate: bool) -> Result<()> {
+    let Some(name) = std::env::var_os("MLX_GEN_DISTRIBUTED") else { return Ok(()) };
+    let name = name.to_string_lossy();
+    if !generate {
+        bail!("MLX_GEN_DISTRIBUTED={name}: only `generate` runs on several ranks for now");
+    }
+    let backend = Backend::parse(&name).with_context(|| format!("MLX_GEN_DISTRIBUTED={name}: expected ring, mpi, nccl, jaccl or any"))?;
+    if !backend.is_available() {
+        bail!("the {name} backend is not available in this MLX build");
+    }
+    let secs = match std::env::var("MLX_GEN_DIST_TIMEOUT") {
+        Ok(s) => s.parse::<u64>().with_context(|| format!("MLX_GEN_DIST_TIMEOUT={s}: expected whole seconds"))?,
+        Err(_) => 120,
+    };
+    let timeout = Duration::from_secs(secs.max(1));
+    let watchdog = Watchdog::start();
+    let who = std::env::var("MLX_RANK").map(|r| format!("rank {r}")).unwrap_or_else(|_| "this rank".into());
+    watchdog.arm(timeout, format!("{who}: joining the {name} group ({secs} s)"));
+    let group = Group::init(backend, true).with_context(|| format!("{who}: cannot join the {name} group"))?;
+    watchdog.disarm();
+    let _ = RANK.set(Rank { group, watchdog, timeout });
+    Ok(())
+}
+
+/// The group this process joined, if it was launched as a rank.
+pub fn group() -> Option<&'static Group> {
+    RANK.get().map(|r| &r.group)
+}
+
+/// Gives the next step `what` the timeout (no-op outside a group).
+pub fn heartbeat(what: &str) {
+    if let Some(r) = RANK.get() {
+        r.watchdog.arm(r.timeout, format!("rank {}: {what} ({} s)", r.group.rank(), r.timeout.as_secs()));
+    }
+}
+
+/// No more collectives: the watchdog stands down.
+pub fn finished() {
+    if let Some(r) = RANK.get() {
+        r.watchdog.disarm();
+    }
+}
+
+/// Loads the model whole, or this rank's shard of it when launched as a rank.
+pub fn load_model(dir: &std::path::Path) -> Result<engine::LoadedModel> {
+    match group() {
+        Some(g) => engine::LoadedModel::load_sharded(dir, g)
+            .with_context(|| format!("rank {}: cannot load {} sharded over {} ranks", g.rank(), dir.display(), g.size())),
+        None => Ok(crate::progress::load_model(dir)?.0),
+    }
+}

@@ -1,0 +1,98 @@
+//! Tensor parallelism as mlx-lm's `shard` does it: each rank keeps a slice of every projection.
+//!
+//! "All-to-sharded" layers (q/k/v, gate/up) keep a contiguous block of output rows per rank, and
+//! "sharded-to-all" layers (o, down) the matching block of input columns, their partial products
+//! summed over the group (one `all_sum` per attention and per MLP) before the bias. Heads divide
+//! by the group size, so every rank attends over its own heads and its KV cache holds only those.
+//! Embeddings, norms and the head are replicated. Fused layers (q|k|v, gate|up) split each part.
+use crate::error::{EngineError, Result};
+use mlx::distributed::Group;
+use mlx::{ops, Array};
+
+/// Which side of a projection is split across the ranks (mlx-lm's `shard_linear` modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardMode {
+    /// Replicated input, this rank's block of outputs.
+    AllToSharded,
+    /// This rank's block of inputs, outputs summed over the group.
+    ShardedToAll,
+}
+
+/// `(rank, size)` of `group`.
+pub(crate) fn place(group: &Group) -> (i32, i32) {
+    (group.rank(), group.size())
+}
+
+pub(crate) fn check_divides(what: &str, n: i32, size: i32) -> Result<i32> {
+    if size <= 0 || n % size != 0 {
+        return Err(EngineError::Config(format!(
+            "tensor parallel over {size} ranks: {what} ({n}) does not divide by {size}"
+        )));
+    }
+    Ok(n / size)
+}
+
+/// This rank's rows of `a` (axis 0), where the rows are `segments` laid end to end (one segment for
+/// a plain layer; q, k, v for a fused one) and each segment is split evenly; copied so that the
+/// full tensor can be freed.
+pub(crate) fn rows(a: &Array, segments: &[i32], rank: i32, size: i32) -> Result<Array> {
+    let total: i32 = segments.iter().sum();
+    if a.dim(0) != total {
+        return Err(EngineError::Invalid(format!("{} rows, expected {total} to shard", a.dim(0))));
+    }
+    let mut parts = Vec::with_capacity(segments.len());
+    let mut start = 0;
+    for &len in segments {
+        let part = check_divides("a projection's output size", len, size)?;
+        parts.push(a.slice_axis(0, start + rank * part, start + (rank + 1) * part)?);
+        start += len;
+    }
+    let joined = if parts.len() == 1 { parts.pop().expect("one part") } else { ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)? };
+    Ok(joined.contiguous()?)
+}
+
+/// This rank's block of the last axis of `a` (a sharded-to-all layer's inputs).
+pub(crate) fn cols(a: &Array, rank: i32, size: i32) -> Result<Array> {
+    let part = check_divides("a projection's input size (in stored columns)", a.dim(-1), size)?;
+    Ok(a.slice_axis(-1, rank * part, (rank + 1) * part)?.contiguous()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_split_each_fused_segment_and_cols_split_inputs() {
+        // 6 rows: a segment of 4 (q) and one of 2 (k); one column per row holding its index.
+        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], &[6, 1]).unwrap();
+        assert_eq!(rows(&a, &[4, 2], 0, 2).unwrap().to_vec::<f32>().unwrap(), vec![0.0, 1.0, 4.0]);
+        assert_eq!(rows(&a, &[4, 2], 1, 2).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 3.0, 5.0]);
+        assert!(rows(&a, &[3, 3], 0, 2).is_err(), "3 rows do not split in 2");
+        let b = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0], &[2, 4]).unwrap();
+        assert_eq!(cols(&b, 1, 2).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 3.0, 12.0, 13.0]);
+        assert!(cols(&b, 0, 3).is_err());
+    }
+
+    /// A quantized row-parallel layer: the two ranks' column blocks (packed weight, scales,
+    /// biases), each times its half of the input, sum to the whole layer's product.
+    #[test]
+    fn quantized_column_blocks_sum_to_the_whole_product() {
+        use mlx::ops::{quantize, quantized_matmul, QuantSpec};
+        use mlx::Dtype;
+        let q = QuantSpec { group_size: 32, bits: 4 };
+        let w = mlx::random::uniform(&[8, 128], Dtype::F32).unwrap();
+        let x = mlx::random::uniform(&[3, 128], Dtype::F32).unwrap();
+        let (qw, s, b) = quantize(&w, q).unwrap();
+        let whole = quantized_matmul(&x, &qw, &s, Some(&b), true, q).unwrap().to_vec::<f32>().unwrap();
+        let mut sum = vec![0f32; whole.len()];
+        for r in 0..2 {
+            let xr = cols(&x, r, 2).unwrap();
+            let (w, s, b) = (cols(&qw, r, 2).unwrap(), cols(&s, r, 2).unwrap(), cols(&b, r, 2).unwrap());
+            let y = quantized_matmul(&xr, &w, &s, Some(&b), true, q).unwrap().to_vec::<f32>().unwrap();
+            sum.iter_mut().zip(y).for_each(|(a, y)| *a += y);
+        }
+        for (a, b) in whole.iter().zip(&sum) {
+            assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! The OpenAI request bodies, checked field by field: every bad field is a 400 error naming it.
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use engine::sample::LogitsProcessors;
+use engine::SamplerConfig;
+use serde_json::{json, Map, Value};
+
+/// Requests may not ask for more tokens than this.
+pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
+/// Tokens generated when the request gives no limit (as mlx_lm.server).
+pub const DEFAULT_MAX_TOKENS: usize = 512;
+const MAX_N: u64 = 64;
+const MAX_STOPS: usize = 16;
+
+/// An OpenAI-shaped error: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), param: Some(param.to_owned()), code: None }
+    }
+    pub fn new(status: StatusCode, message: impl Into<String>, code: &'static str) -> ApiError {
+        ApiError { status, message: message.into(), param: None, code: Some(code) }
+    }
+    fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            404 => "not_found_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body().to_string();
+        (self.status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+    }
+}
+
+/// What to continue: chat messages (through the chat template), raw text, or token ids.
+#[derive(Debug)]
+pub enum Prompt {
+    Chat(Value),
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// The generation settings of one request.
+#[derive(Debug)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    /// Without XTC's special tokens and unchecked against the vocabulary (the engine thread does both).
+    pub sampler: SamplerConfig,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    /// `Some(k)`: report each token's log-probability and the k most likely alternatives.
+    pub logprobs: Option<usize>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// A checked request.
+#[derive(Debug)]
+pub struct GenRequest {
+    pub prompt: Prompt,
+    pub params: GenParams,
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The fields of one body; absent and null fields read as `None`.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+    fn num(&self, k: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+        let Some(v) = self.get(k) else { return Ok(None) };
+        match v.as_f64() {
+            Some(x) if x.is_finite() && (lo..=hi).contains(&x) => Ok(Some(x)),
+            Some(x) => Err(ApiError::bad(k, format!("'{k}' must be in [{lo}, {hi}], got {x}"))),
+            None => Err(ApiError::bad(k, format!("'{k}' must be a number, got {}", type_name(v)))),
+        }
+    }
+    fn int(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(k) else { return Ok(None) };
+        let x = match v {
+            Value::Number(n) => n.as_i64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64)),
+            _ => None,
+        };
+        match x {
+            Some(x) if (lo..=hi).contains(&x) => Ok(Some(x)),
+            Some(x) => Err(ApiError::bad(k, format!("'{k}' must be an integer in [{lo}, {hi}], got {x}"))),
+            None if v.is_u64() => Err(ApiError::bad(k, format!("'{k}' must be an integer in [{lo}, {hi}], got {v}"))),
+            None => Err(ApiError::bad(k, format!("'{k}' must be an integer, got {}", type_name(v)))),
+        }
+    }
+    fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(ApiError::bad(k, format!("'{k}' must be a boolean, got {}", type_name(v)))),
+        }
+    }
+}
+
+/// Parses and checks a `/v1/chat/completions` (`chat`) or `/v1/completions` body. A `model` other
+/// than `served` is a 404.
+pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError {
+        status: StatusCode::BAD_REQUEST,
+        message: format!("the body is not valid JSON: {e}"),
+        param: None,
+        code: Some("invalid_json"),
+    })?;
+    let Value::Object(map) = &value else {
+        return Err(ApiError::bad("body", format!("the body must be a JSON object, got {}", type_name(&value))));
+    };
+    let f = Fields(map);
+    match f.get("model") {
+        None => {}
+        Some(Value::String(m)) if m == served => {}
+        Some(Value::String(m)) => {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("the model '{m}' does not exist; this server serves '{served}'"),
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            })
+        }
+        Some(v) => return Err(ApiError::bad("model", format!("'model' must be a string, got {}", type_name(v)))),
+    }
+    let prompt = if chat { chat_prompt(&f)? } else { text_prompt(&f)? };
+    let max_tokens = match (f.int("max_completion_tokens", 1, MAX_TOKENS_LIMIT as i64)?, f.int("max_tokens", 1, MAX_TOKENS_LIMIT as i64)?) {
+        (Some(m), _) | (None, Some(m)) => m as usize,
+        (None, None) => DEFAULT_MAX_TOKENS,
+    };
+    let logprobs = if chat {
+        let top = f.int("top_logprobs", 0, 20)?;
+        match (f.bool("logprobs")?, top) {
+            (Some(true), t) => Some(t.unwrap_or(0) as usize),
+            (_, Some(t)) if t > 0 => return Err(ApiError::bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")),
+            _ => None,
+        }
+    } else {
+        f.int("logprobs", 0, 20)?.map(|k| k as usize)
+    };
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => Fields(o).bool("include_usage").map_err(|_| ApiError::bad("stream_options", "'stream_options.include_usage' must be a boolean"))?.unwrap_or(false),
+        Some(v) => return Err(ApiError::bad("stream_options", format!("'stream_options' must be an object, got {}", type_name(v)))),
+    };
+    if !chat && f.bool("echo")? == Some(true) {
+        return Err(ApiError::bad("echo", "'echo' is not supported"));
+    }
+    let params = GenParams {
+        max_tokens,
+        sampler: sampler(&f)?,
+        seed: f.int("seed", 0, i64::MAX)?.map(|s| s as u64),
+        stop: stops(&f)?,
+        logprobs,
+        n: f.int("n", 1, MAX_N as i64)?.unwrap_or(1) as usize,
+        stream,
+        include_usage,
+    };
+    Ok(GenRequest { prompt, params })
+}
+
+fn chat_prompt(f: &Fields) -> Result<Prompt, ApiError> {
+    let Some(messages) = f.get("messages") else {
+        return Err(ApiError::bad("messages", "'messages' is required"));
+    };
+    let Value::Array(list) = messages else {
+        return Err(ApiError::bad("messages", format!("'messages' must be an array, got {}", type_name(messages))));
+    };
+    if list.is_empty() {
+        return Err(ApiError::bad("messages", "'messages' must not be empty"));
+    }
+    for (i, m) in list.iter().enumerate() {
+        let Value::Object(o) = m else {
+            return Err(ApiError::bad(&format!("messages[{i}]"), format!("each message must be an object, got {}", type_name(m))));
+        };
+        match o.get("role") {
+            Some(Value::String(r)) if !r.is_empty() => {}
+            _ => return Err(ApiError::bad(&format!("messages[{i}].role"), "each message needs a 'role' string")),
+        }
+        match o.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) if parts.iter().all(|p| p.is_object() || p.is_string()) => {}
+            Some(v) => {
+                return Err(ApiError::bad(&format!("messages[{i}].content"), format!("'content' must be a string or an array of parts, got {}", type_name(v))))
+            }
+        }
+    }
+    Ok(Prompt::Chat(messages.clone()))
+}
+
+fn text_prompt(f: &Fields) -> Result<Prompt, ApiError> {
+    let bad = || ApiError::bad("prompt", "'prompt' must be a non-empty string, a list of one string, or a list of token ids");
+    match f.get("prompt") {
+        None => Err(ApiError::bad("prompt", "'prompt' is required")),
+        Some(Value::String(s)) if !s.is_empty() => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].as_str().is_some_and(|s| !s.is_empty()) => Ok(Prompt::Text(a[0].as_str().unwrap_or("").to_owned())),
+        Some(Value::Array(a)) if !a.is_empty() => {
+            a.iter().map(|v| v.as_u64().filter(|&t| t <= u64::from(u32::MAX)).map(|t| t as u32).ok_or_else(bad)).collect::<Result<_, _>>().map(Prompt::Tokens)
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+fn stops(f: &Fields) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::bad("stop", format!("'stop' must be a non-empty string or a list of at most {MAX_STOPS} non-empty strings"));
+    match f.get("stop") {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) if !s.is_empty() => Ok(vec![s.clone()]),
+        Some(Value::Array(a)) if a.len() <= MAX_STOPS => {
+            a.iter().map(|v| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned).ok_or_else(bad)).collect()
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+fn sampler(f: &Fields) -> Result<SamplerConfig, ApiError> {
+    let mut logit_bias = Vec::new();
+    match f.get("logit_bias") {
+        None => {}
+        Some(Value::Object(o)) => {
+            for (k, v) in o {
+                let id: u32 = k.trim().parse().map_err(|_| ApiError::bad("logit_bias", format!("'logit_bias' keys must be token ids, got {k:?}")))?;
+                let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b));
+                let b = b.ok_or_else(|| ApiError::bad("logit_bias", format!("'logit_bias' values must be numbers in [-100, 100], got {v} for {k}")))?;
+                logit_bias.push((id, b));
+            }
+        }
+        Some(v) => return Err(ApiError::bad("logit_bias", format!("'logit_bias' must be an object, got {}", type_name(v)))),
+    }
+    let top_k = match f.int("top_k", -1, i64::from(i32::MAX))? {
+        Some(-1) | None => 0,
+        Some(k) => k as i32,
+    };
+    let config = SamplerConfig {
+        temp: f.num("temperature", 0.0, 100.0)?.unwrap_or(0.0),
+        top_p: f.num("top_p", 0.0, 1.0)?.unwrap_or(1.0),
+        min_p: f.num("min_p", 0.0, 1.0)?.unwrap_or(0.0),
+        top_k,
+        processors: LogitsProcessors {
+            logit_bias,
+            repetition_penalty: f.num("repetition_penalty", 0.0, 100.0)?,
+            presence_penalty: f.num("presence_penalty", -2.0, 2.0)?,
+            frequency_penalty: f.num("frequency_penalty", -2.0, 2.0)?,
+            ..LogitsProcessors::default()
+        },
+        ..SamplerConfig::default()
+    };
+    config.validate().map_err(|e| ApiError::bad("body", e.to_string()))?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str, chat: bool) -> ApiError {
+        parse(body.as_bytes(), chat, "m").expect_err(body)
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for (field, body) in [
+            ("temperature", format!(r#"{{{msgs},"temperature":"hot"}}"#)),
+            ("temperature", format!(r#"{{{msgs},"temperature":-1}}"#)),
+            ("top_p", format!(r#"{{{msgs},"top_p":2}}"#)),
+            ("max_tokens", format!(r#"{{{msgs},"max_tokens":0}}"#)),
+            ("max_tokens", format!(r#"{{{msgs},"max_tokens":1e30}}"#)),
+            ("n", format!(r#"{{{msgs},"n":0}}"#)),
+            ("stop", format!(r#"{{{msgs},"stop":[1]}}"#)),
+            ("logit_bias", format!(r#"{{{msgs},"logit_bias":{{"x":1}}}}"#)),
+            ("seed", format!(r#"{{{msgs},"seed":-3}}"#)),
+            ("top_logprobs", format!(r#"{{{msgs},"top_logprobs":3}}"#)),
+            ("messages", r#"{"messages":"hi"}"#.to_owned()),
+            ("messages", r#"{}"#.to_owned()),
+            ("messages[0].role", r#"{"messages":[{"content":"x"}]}"#.to_owned()),
+        ] {
+            let e = err(&body, true);
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
+        }
+        assert_eq!(err(r#"{"prompt":5}"#, false).param.as_deref(), Some("prompt"));
+        assert_eq!(err("[1", false).code, Some("invalid_json"));
+        assert_eq!(err(r#"{"prompt":"x","model":"other"}"#, false).status, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn good_request_maps_to_settings() {
+        let body = r#"{"model":"m","prompt":"x","max_tokens":7,"temperature":0.5,"top_k":-1,"stop":"\n","logprobs":2,"n":2}"#;
+        let r = parse(body.as_bytes(), false, "m").expect("valid");
+        assert_eq!((r.params.max_tokens, r.params.n, r.params.logprobs), (7, 2, Some(2)));
+        assert_eq!((r.params.sampler.temp, r.params.sampler.top_k), (0.5, 0));
+        assert_eq!(r.params.stop, vec!["\n".to_owned()]);
+    }
+}

@@ -1,0 +1,116 @@
+//! Prometheus metrics of the server: request and token counters, TTFT and inter-token latency histograms, queue depth.
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+const TTFT_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const ITL_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+struct Histogram {
+    buckets: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(buckets: &'static [f64]) -> Histogram {
+        Histogram { buckets, counts: vec![0; buckets.len()], sum: 0.0, count: 0 }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.buckets.iter().zip(self.counts.iter_mut()) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.buckets.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.count, self.sum, self.count);
+    }
+}
+
+struct Inner {
+    requests: BTreeMap<(&'static str, u16), u64>,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    ttft: Histogram,
+    itl: Histogram,
+    queued: i64,
+    running: i64,
+}
+
+/// Shared by the HTTP handlers and the engine thread.
+pub struct Metrics(Mutex<Inner>);
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics(Mutex::new(Inner {
+            requests: BTreeMap::new(),
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            queued: 0,
+            running: 0,
+        }))
+    }
+}
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Inner)) {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut g);
+    }
+
+    /// One answered request on `endpoint` with HTTP `status`.
+    pub fn request(&self, endpoint: &'static str, status: u16) {
+        self.with(|m| *m.requests.entry((endpoint, status)).or_default() += 1);
+    }
+    pub fn prompt_tokens(&self, n: usize) {
+        self.with(|m| m.prompt_tokens += n as u64);
+    }
+    pub fn generated_token(&self, since_last: Option<f64>) {
+        self.with(|m| {
+            m.generation_tokens += 1;
+            if let Some(dt) = since_last {
+                m.itl.observe(dt);
+            }
+        });
+    }
+    pub fn ttft(&self, seconds: f64) {
+        self.with(|m| m.ttft.observe(seconds));
+    }
+    /// Queue depth changes: `queued` waiting requests, `running` ones being generated.
+    pub fn queue(&self, queued: i64, running: i64) {
+        self.with(|m| {
+            m.queued += queued;
+            m.running += running;
+        });
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.with(|m| {
+            out.push_str("# HELP mlxgen_requests_total HTTP requests answered, by endpoint and status.\n# TYPE mlxgen_requests_total counter\n");
+            for ((e, s), n) in &m.requests {
+                let _ = writeln!(out, "mlxgen_requests_total{{endpoint=\"{e}\",status=\"{s}\"}} {n}");
+            }
+            let _ = writeln!(out, "# HELP mlxgen_prompt_tokens_total Prompt tokens processed.\n# TYPE mlxgen_prompt_tokens_total counter\nmlxgen_prompt_tokens_total {}", m.prompt_tokens);
+            let _ = writeln!(out, "# HELP mlxgen_generation_tokens_total Tokens generated.\n# TYPE mlxgen_generation_tokens_total counter\nmlxgen_generation_tokens_total {}", m.generation_tokens);
+            m.ttft.render("mlxgen_time_to_first_token_seconds", "Time from a request's arrival to its first token.", &mut out);
+            m.itl.render("mlxgen_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", &mut out);
+            let _ = writeln!(out, "# HELP mlxgen_queue_depth Requests waiting for the engine.\n# TYPE mlxgen_queue_depth gauge\nmlxgen_queue_depth {}", m.queued);
+            let _ = writeln!(out, "# HELP mlxgen_running_requests Requests being generated.\n# TYPE mlxgen_running_requests gauge\nmlxgen_running_requests {}", m.running);
+        });
+        out
+    }
+}

@@ -1,0 +1,290 @@
+//! The HTTP routes: OpenAI's chat and text completions (JSON or SSE), models, health and metrics, with API-key checks and JSON errors everywhere.
+use crate::api::{self, ApiError};
+use crate::metrics::Metrics;
+use crate::worker::{Event, Job, TokenLogprob};
+use crate::ServeOptions;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub jobs: std::sync::mpsc::Sender<Job>,
+    pub metrics: Arc<Metrics>,
+    pub options: Arc<ServeOptions>,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(DefaultBodyLimit::max(state.options.max_body_bytes))
+        .with_state(state)
+}
+
+async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.options.api_key {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if req.uri().path() != "/health" && given.map(str::trim) != Some(key.as_str()) {
+            s.metrics.request("unauthorized", 401);
+            return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key").into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no route {} {}", req.method(), req.uri().path()), "not_found").into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed on {}", req.method(), req.uri().path()), "method_not_allowed").into_response()
+}
+
+async fn health() -> Response {
+    json_response(StatusCode::OK, &json!({"status": "ok"}))
+}
+
+async fn models(State(s): State<AppState>) -> Response {
+    s.metrics.request("models", 200);
+    let model = json!({"id": s.options.model_id, "object": "model", "created": 0, "owned_by": "mlx-gen"});
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [model]}))
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.render()).into_response()
+}
+
+async fn chat(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(s, body, true).await
+}
+
+async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(s, body, false).await
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (status, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+async fn generate(s: AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+    let response = match start(&s, body, chat).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    s.metrics.request(if chat { "chat_completions" } else { "completions" }, response.status().as_u16());
+    response
+}
+
+/// What every response of one request shares.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    chat: bool,
+    n: usize,
+    prompt_tokens: usize,
+    include_usage: bool,
+}
+
+impl Meta {
+    fn usage(&self, completion_tokens: usize) -> Value {
+        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": self.prompt_tokens + completion_tokens})
+    }
+
+    fn object(&self, stream: bool) -> &'static str {
+        match (self.chat, stream) {
+            (true, false) => "chat.completion",
+            (true, true) => "chat.completion.chunk",
+            (false, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, stream: bool, choices: Vec<Value>) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object(stream), "created": self.created, "model": self.model, "choices": choices});
+        if stream && self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    fn logprobs(&self, lps: &[TokenLogprob]) -> Value {
+        if self.chat {
+            let entry = |t: &str, l: f32| json!({"token": t, "logprob": l, "bytes": t.as_bytes()});
+            let content: Vec<Value> = lps
+                .iter()
+                .map(|lp| {
+                    let mut e = entry(&lp.token, lp.logprob);
+                    e["top_logprobs"] = lp.top.iter().map(|(t, l)| entry(t, *l)).collect();
+                    e
+                })
+                .collect();
+            return json!({"content": content});
+        }
+        let mut offset = 0;
+        let mut offsets = Vec::new();
+        for lp in lps {
+            offsets.push(offset);
+            offset += lp.token.len();
+        }
+        let top: Vec<Value> = lps.iter().map(|lp| lp.top.iter().map(|(t, l)| (t.clone(), json!(l))).collect::<serde_json::Map<_, _>>().into()).collect();
+        json!({
+            "tokens": lps.iter().map(|lp| lp.token.clone()).collect::<Vec<_>>(),
+            "token_logprobs": lps.iter().map(|lp| lp.logprob).collect::<Vec<_>>(),
+            "top_logprobs": top,
+            "text_offset": offsets,
+        })
+    }
+}
+
+fn new_id(chat: bool) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    format!("{}-{:x}{n:04x}", if chat { "chatcmpl" } else { "cmpl" }, t & 0xffff_ffff)
+}
+
+/// Checks the request, queues it for the engine thread and answers once it has started.
+async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| ApiError::new(r.status(), format!("cannot read the request body: {}", r.body_text()), "invalid_body"))?;
+    let req = api::parse(&body, chat, &s.options.model_id)?;
+    let (stream, n, want_logprobs, include_usage) = (req.params.stream, req.params.n, req.params.logprobs.is_some(), req.params.include_usage);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    s.metrics.queue(1, 0);
+    if s.jobs.send(Job { prompt: req.prompt, params: req.params, tx, arrived: Instant::now() }).is_err() {
+        s.metrics.queue(-1, 0);
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
+    }
+    let prompt_tokens = match rx.recv().await {
+        Some(Event::Started { prompt_tokens }) => prompt_tokens,
+        Some(Event::Error(e)) => return Err(e),
+        _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
+    };
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, include_usage };
+    if stream {
+        return Ok(sse(meta, rx, want_logprobs));
+    }
+    collect(meta, rx, want_logprobs).await
+}
+
+/// A non-streaming answer: all choices, then `usage`.
+async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) -> Result<Response, ApiError> {
+    let mut texts = vec![String::new(); meta.n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); meta.n];
+    let mut reasons = vec!["stop"; meta.n];
+    let mut completion_tokens = 0;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Delta { index, text, logprobs } if index < meta.n => {
+                texts[index].push_str(&text);
+                lps[index].extend(logprobs);
+            }
+            Event::Finish { index, reason, completion_tokens: c } if index < meta.n => {
+                reasons[index] = reason;
+                completion_tokens += c;
+            }
+            Event::Error(e) => return Err(e),
+            _ => {}
+        }
+    }
+    let choices = (0..meta.n)
+        .map(|i| {
+            let logprobs = if want_logprobs { meta.logprobs(&lps[i]) } else { Value::Null };
+            if meta.chat {
+                json!({"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": logprobs, "finish_reason": reasons[i]})
+            } else {
+                json!({"index": i, "text": texts[i], "logprobs": logprobs, "finish_reason": reasons[i]})
+            }
+        })
+        .collect();
+    let mut v = meta.envelope(false, choices);
+    v["usage"] = meta.usage(completion_tokens);
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+fn frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// A streaming answer over server-sent events, as OpenAI's: chunks with `choices[].delta` (chat)
+/// or `choices[].text`, the usage chunk when asked for, then `data: [DONE]`. A client that goes
+/// away drops the event receiver, which cancels the job on the engine thread.
+fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) -> Response {
+    let (btx, brx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let mut started = vec![false; meta.n];
+        let mut completion_tokens = 0;
+        let choice = |index: usize, text: Option<&str>, role: bool, lps: &[TokenLogprob], reason: Option<&str>| {
+            let logprobs = if want_logprobs && !lps.is_empty() { meta.logprobs(lps) } else { Value::Null };
+            let mut c = if meta.chat {
+                let mut delta = json!({});
+                if role {
+                    delta["role"] = json!("assistant");
+                }
+                if let Some(t) = text {
+                    delta["content"] = json!(t);
+                }
+                json!({"index": index, "delta": delta, "logprobs": logprobs})
+            } else {
+                json!({"index": index, "text": text.unwrap_or(""), "logprobs": logprobs})
+            };
+            c["finish_reason"] = json!(reason);
+            meta.envelope(true, vec![c])
+        };
+        while let Some(ev) = rx.recv().await {
+            let mut frames = Vec::new();
+            let index = match &ev {
+                Event::Delta { index, .. } | Event::Finish { index, .. } => *index,
+                _ => 0,
+            };
+            if meta.chat && matches!(ev, Event::Delta { .. } | Event::Finish { .. }) && index < meta.n && !started[index] {
+                started[index] = true;
+                frames.push(choice(index, Some(""), true, &[], None));
+            }
+            match ev {
+                Event::Delta { index, text, logprobs } => frames.push(choice(index, Some(&text), false, &logprobs, None)),
+                Event::Finish { index, reason, completion_tokens: c } => {
+                    completion_tokens += c;
+                    frames.push(choice(index, None, false, &[], Some(reason)));
+                }
+                Event::Error(e) => frames.push(e.body()),
+                Event::Started { .. } => {}
+            }
+            for f in &frames {
+                if btx.send(frame(f)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if meta.include_usage {
+            let mut v = meta.envelope(true, Vec::new());
+            v["usage"] = meta.usage(completion_tokens);
+            let _ = btx.send(frame(&v)).await;
+        }
+        let _ = btx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    });
+    let body = futures_util::stream::unfold(brx, |mut brx| async move { brx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), brx)) });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
