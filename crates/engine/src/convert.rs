@@ -34,20 +34,9 @@ pub struct ConvertSummary {
     pub dtype: Option<String>,
 }
 
-/// The files besides weights and config.json that a converted folder keeps (tokenizer and
-/// generation config; `mlx_lm.convert` writes the tokenizer with `save_pretrained`).
-const COPIED: &[&str] = &[
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-];
+/// The files besides weights and config.json that a converted folder keeps (`mlx_lm.convert`
+/// writes the tokenizer with `save_pretrained`): the ones the Hub download fetches too.
+const COPIED: &[&str] = crate::hub::SIDE_FILES;
 
 /// mlx-lm writes one safetensors file up to this size, then shards (`MAX_FILE_SIZE_GB`).
 const MAX_SHARD_BYTES: usize = 5 << 30;

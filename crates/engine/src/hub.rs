@@ -90,23 +90,25 @@ pub fn offline() -> bool {
     env("HF_HUB_OFFLINE").is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }
 
+/// The files of a model folder besides config.json and the weights: generation config, tokenizer
+/// files and chat templates (what `hub` downloads and `convert` carries over).
+pub const SIDE_FILES: &[&str] = &[
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
 /// Whether the engine needs `file` of a repo (config, generation config, tokenizer, weights).
 pub fn needed(file: &str) -> bool {
-    const EXACT: &[&str] = &[
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "added_tokens.json",
-        "tokenizer.model",
-        "vocab.json",
-        "merges.txt",
-        "chat_template.jinja",
-        "chat_template.json",
-        "model.safetensors.index.json",
-    ];
-    !file.contains('/') && (EXACT.contains(&file) || (file.starts_with("model") && file.ends_with(".safetensors")))
+    let exact = ["config.json", "model.safetensors.index.json"].contains(&file) || SIDE_FILES.contains(&file);
+    !file.contains('/') && (exact || (file.starts_with("model") && file.ends_with(".safetensors")))
 }
 
 /// The model folder of `repo` (its snapshot in the hub cache), downloading the files the engine
