@@ -14,19 +14,7 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// One `error:` line naming every needle, exit `code`, no panic.
-#[track_caller]
-fn assert_error(out: &Output, code: i32, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "mlx-gen panicked:\n{stderr}");
-    assert_eq!(out.status.code(), Some(code), "exit status (stderr: {stderr})");
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "want exactly one line on stderr, got:\n{stderr}");
-    assert!(lines[0].starts_with("error:"), "{stderr}");
-    for n in needles {
-        assert!(stderr.to_lowercase().contains(&n.to_lowercase()), "stderr does not mention {n:?}: {stderr}");
-    }
-}
+use common::assert_error;
 
 #[test]
 fn help_and_version_are_quick() {

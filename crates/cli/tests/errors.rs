@@ -27,26 +27,7 @@ fn generate(model: &Path, prompt: &str, extra: &[&str], stdin: Option<&[u8]>) ->
     common::mlx_gen(&args, stdin)
 }
 
-/// Asserts the exit code, one `error:` line on stderr containing every one of `needles`
-/// (case-insensitively), and no panic.
-#[track_caller]
-fn assert_error(out: &Output, code: i32, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "mlx-gen panicked:\n{stderr}");
-    assert_eq!(out.status.code(), Some(code), "exit status (stderr: {stderr})");
-    if code == 2 {
-        // clap's own usage error: several lines, starting with `error:`.
-        assert!(stderr.starts_with("error:"), "stderr: {stderr}");
-    } else {
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert_eq!(lines.len(), 1, "want exactly one line on stderr, got:\n{stderr}");
-        assert!(lines[0].starts_with("error:"), "stderr does not start with `error:`: {stderr}");
-    }
-    let lower = stderr.to_lowercase();
-    for n in needles {
-        assert!(lower.contains(&n.to_lowercase()), "stderr does not mention {n:?}: {stderr}");
-    }
-}
+use common::assert_error;
 
 // ---------------------------------------------------------------------------------------------
 // safetensors editing: parse, change the tensor set, write back contiguous.

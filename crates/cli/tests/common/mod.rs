@@ -148,3 +148,19 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         }
     }
 }
+
+/// The shape of every user-facing error: exit `code`, exactly one `error:` line on stderr that
+/// mentions every needle (case-insensitively), and no panic.
+#[track_caller]
+pub fn assert_error(out: &Output, code: i32, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "mlx-gen panicked:\n{stderr}");
+    assert_eq!(out.status.code(), Some(code), "exit status (stderr: {stderr})");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "want exactly one line on stderr, got:\n{stderr}");
+    assert!(lines[0].starts_with("error:"), "stderr does not start with `error:`: {stderr}");
+    let lower = stderr.to_lowercase();
+    for n in needles {
+        assert!(lower.contains(&n.to_lowercase()), "stderr does not mention {n:?}: {stderr}");
+    }
+}
