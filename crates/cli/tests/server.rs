@@ -29,9 +29,12 @@ fn model_path() -> String {
 impl Server {
     /// Starts the server on port 0 and reads the address it listens on from its stderr.
     fn start(extra: &[&str]) -> Server {
-        let model = model_path();
+        Server::start_with(&model_path(), extra)
+    }
+
+    fn start_with(model: &str, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
-            .args(["serve", "--model", &model, "--host", "127.0.0.1", "--port", "0"])
+            .args(["serve", "--model", model, "--host", "127.0.0.1", "--port", "0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -350,4 +353,49 @@ fn concurrent_requests_each_get_their_own_answer() {
     });
     assert_eq!(alone, together);
     assert!(wait_for_metric(&s, "mlxgen_queue_depth 0"));
+}
+
+/// A reasoning model (its template ends the prompt inside `<think>`): chat answers carry the
+/// reasoning in `reasoning_content` and the rest in `content`, streamed or not, as `generate
+/// --output json` splits them.
+#[test]
+fn reasoning_content_is_split_out() {
+    let dir = std::env::temp_dir().join(format!("mlx-gen-server-think-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    common::copy_dir(&common::model("qwen3-f32"), &dir);
+    let cfg_path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["chat_template"] = Value::String(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+            .into(),
+    );
+    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
+    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
+    let d = dir.to_str().unwrap();
+
+    let out = common::mlx_gen(&["generate", "--model", d, "--prompt", "Hi", "--max-tokens", "24", "--output", "json"], None);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(want["reasoning"].is_string(), "{want}");
+
+    let s = Server::start_with(d, &[]);
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24});
+    let v = s.post("/v1/chat/completions", &body);
+    let msg = &v["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"], want["reasoning"], "{v}");
+    assert_eq!(msg["content"], want["answer"], "{v}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for c in chunks(&s.stream("/v1/chat/completions", &streamed)) {
+        let delta = &c["choices"][0]["delta"];
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
+        content.push_str(delta["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(Some(reasoning.trim()), want["reasoning"].as_str(), "streamed reasoning");
+    assert_eq!(Some(content.as_str()), want["answer"].as_str(), "streamed answer");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }

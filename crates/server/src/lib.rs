@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod metrics;
+pub mod reasoning;
 mod routes;
 pub mod stop;
 pub mod worker;

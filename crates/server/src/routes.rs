@@ -101,6 +101,8 @@ struct Meta {
     n: usize,
     prompt_tokens: usize,
     include_usage: bool,
+    /// Chat with a reasoning model: whether the prompt opened `<think>` (see `reasoning`).
+    reasoning: Option<bool>,
 }
 
 impl Meta {
@@ -171,13 +173,13 @@ async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) ->
         s.metrics.queue(-1, 0);
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
     }
-    let prompt_tokens = match rx.recv().await {
-        Some(Event::Started { prompt_tokens }) => prompt_tokens,
+    let (prompt_tokens, reasoning) = match rx.recv().await {
+        Some(Event::Started { prompt_tokens, reasoning }) => (prompt_tokens, reasoning),
         Some(Event::Error(e)) => return Err(e),
         _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
     };
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, include_usage };
+    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, include_usage, reasoning };
     if stream {
         return Ok(sse(meta, rx, want_logprobs));
     }
@@ -208,7 +210,14 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
         .map(|i| {
             let logprobs = if want_logprobs { meta.logprobs(&lps[i]) } else { Value::Null };
             if meta.chat {
-                json!({"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": logprobs, "finish_reason": reasons[i]})
+                let mut message = json!({"role": "assistant", "content": texts[i]});
+                if let Some(opened) = meta.reasoning {
+                    if let (Some(r), answer) = crate::reasoning::split(&texts[i], opened) {
+                        message["reasoning_content"] = json!(r);
+                        message["content"] = json!(answer);
+                    }
+                }
+                json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reasons[i]})
             } else {
                 json!({"index": i, "text": texts[i], "logprobs": logprobs, "finish_reason": reasons[i]})
             }
@@ -231,6 +240,12 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
     tokio::spawn(async move {
         let mut started = vec![false; meta.n];
         let mut completion_tokens = 0;
+        let mut routers: Vec<Option<crate::reasoning::ReasoningStream>> =
+            (0..meta.n).map(|_| meta.reasoning.filter(|_| meta.chat).map(crate::reasoning::ReasoningStream::new)).collect();
+        let reasoning_chunk = |index: usize, text: &str| {
+            let c = json!({"index": index, "delta": {"reasoning_content": text}, "logprobs": Value::Null, "finish_reason": Value::Null});
+            meta.envelope(true, vec![c])
+        };
         let choice = |index: usize, text: Option<&str>, role: bool, lps: &[TokenLogprob], reason: Option<&str>| {
             let logprobs = if want_logprobs && !lps.is_empty() { meta.logprobs(lps) } else { Value::Null };
             let mut c = if meta.chat {
@@ -259,9 +274,29 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
                 frames.push(choice(index, Some(""), true, &[], None));
             }
             match ev {
-                Event::Delta { index, text, logprobs } => frames.push(choice(index, Some(&text), false, &logprobs, None)),
+                Event::Delta { index, text, logprobs } => match routers.get_mut(index).and_then(Option::as_mut) {
+                    Some(router) => {
+                        let (r, a) = router.push(&text);
+                        if !r.is_empty() {
+                            frames.push(reasoning_chunk(index, &r));
+                        }
+                        if !a.is_empty() || !logprobs.is_empty() {
+                            frames.push(choice(index, Some(&a), false, &logprobs, None));
+                        }
+                    }
+                    None => frames.push(choice(index, Some(&text), false, &logprobs, None)),
+                },
                 Event::Finish { index, reason, completion_tokens: c } => {
                     completion_tokens += c;
+                    if let Some(router) = routers.get_mut(index).and_then(Option::as_mut) {
+                        let (r, a) = router.finish();
+                        if !r.is_empty() {
+                            frames.push(reasoning_chunk(index, &r));
+                        }
+                        if !a.is_empty() {
+                            frames.push(choice(index, Some(&a), false, &[], None));
+                        }
+                    }
                     frames.push(choice(index, None, false, &[], Some(reason)));
                 }
                 Event::Error(e) => frames.push(e.body()),

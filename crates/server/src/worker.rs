@@ -37,7 +37,12 @@ pub struct TokenLogprob {
 #[derive(Debug)]
 pub enum Event {
     /// The prompt is accepted (always the first event unless `Error`).
-    Started { prompt_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        /// Chat with a reasoning model: whether the template left the model inside `<think>`
+        /// (then the answer's `reasoning_content` is split out); `None` otherwise.
+        reasoning: Option<bool>,
+    },
     /// New text of choice `index` (possibly empty when only log-probabilities are new).
     Delta { index: usize, text: String, logprobs: Vec<TokenLogprob> },
     /// Choice `index` ended: "stop" (EOS or a stop string) or "length".
@@ -113,8 +118,8 @@ impl<'m> Sequence<'m> {
     /// choice; on failure the job gets an `Error` event and `None` is returned.
     fn start(loaded: &'m LoadedModel, job: Job, xtc_special: &[u32], metrics: &Metrics) -> Option<Sequence<'m>> {
         match Self::prepare(loaded, &job, xtc_special) {
-            Ok((prompt, config)) => {
-                let _ = job.tx.send(Event::Started { prompt_tokens: prompt.len() });
+            Ok((prompt, config, reasoning)) => {
+                let _ = job.tx.send(Event::Started { prompt_tokens: prompt.len(), reasoning });
                 metrics.prompt_tokens(prompt.len());
                 match Generator::new(loaded.model.as_ref(), &prompt, loaded.model.make_cache(), config.clone()) {
                     Ok(generator) => Some(Sequence {
@@ -143,11 +148,19 @@ impl<'m> Sequence<'m> {
         }
     }
 
-    fn prepare(loaded: &LoadedModel, job: &Job, xtc_special: &[u32]) -> Result<(Vec<u32>, GenerateConfig), ApiError> {
+    fn prepare(
+        loaded: &LoadedModel,
+        job: &Job,
+        xtc_special: &[u32],
+    ) -> Result<(Vec<u32>, GenerateConfig, Option<bool>), ApiError> {
         let tok = &loaded.tokenizer;
+        let mut reasoning = None;
         let (prompt, param) = match &job.prompt {
             Prompt::Chat(messages) => {
                 let text = tok.apply_chat_template_json(messages, true, None, &[]).map_err(|e| invalid("messages", e))?;
+                if tok.has_thinking() {
+                    reasoning = Some(engine::tokenizer::prompt_opens_reasoning(&text));
+                }
                 (tok.encode(&text, false).map_err(|e| invalid("messages", e))?, "messages")
             }
             Prompt::Text(text) => (tok.encode(text, true).map_err(|e| invalid("prompt", e))?, "prompt"),
@@ -176,7 +189,7 @@ impl<'m> Sequence<'m> {
             engine::sample::seed_as_mlx_lm(seed, loaded).map_err(|e| invalid("seed", e))?;
         }
         let config = GenerateConfig { max_tokens: Some(job.params.max_tokens), sampler, ..GenerateConfig::default() };
-        Ok((prompt, config))
+        Ok((prompt, config, reasoning))
     }
 
     /// Hands out one token; false once the job is over (all choices done, failed, or its client gone).
