@@ -2,7 +2,7 @@
 """Writes a random-weight MLX model folder of a real model's shape, for benchmarks.
 
 Usage: make_shape.py SHAPE OUTDIR [--bits 4] [--group-size 64] [--dtype bfloat16]
-SHAPE: smollm2-135m | qwen3-0.6b | llama-3.2-3b | qwen2.5-7b. The weights are mlx-lm's own random
+SHAPE: smollm2-135m | qwen3-0.6b | llama-3.2-3b | qwen2.5-7b | deepseek-v2-lite. The weights are mlx-lm's own random
 initialisation (seed 0), quantized with mlx-lm's quantize_model, saved with its save functions; the
 tokenizer is the tiny test tokenizer (benchmarks feed random token ids). Both mlx-gen and mlx-lm load
 the same folder.
@@ -33,6 +33,17 @@ SHAPES = {
     "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
                        rope_theta=1000000.0, tie_word_embeddings=False, max_position_embeddings=32768),
+    # 16B total, 2.4B active per token (issue 8's benchmark shape)
+    "deepseek-v2-lite": dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+                             moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
+                             num_key_value_heads=16, n_shared_experts=2, n_routed_experts=64,
+                             num_experts_per_tok=6, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                             v_head_dim=128, qk_nope_head_dim=128, first_k_dense_replace=1, moe_layer_freq=1,
+                             topk_method="greedy", n_group=1, topk_group=1, routed_scaling_factor=1.0,
+                             rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=163840,
+                             tie_word_embeddings=False,
+                             rope_scaling=dict(type="yarn", factor=40.0, beta_fast=32, beta_slow=1, mscale=0.707,
+                                               mscale_all_dim=0.707, original_max_position_embeddings=4096)),
 }
 
 
