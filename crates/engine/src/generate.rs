@@ -109,7 +109,12 @@ impl<'m> Generator<'m> {
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
         let len = input.dim(0);
         let logits = self.model.forward(&input.reshape(&[1, len])?, &mut self.cache)?; // (1, L, vocab)
-        let mut logits = logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?; // (1, vocab)
+        // (1, vocab): the last position; with one position that is a single reshape (one node less).
+        let mut logits = if len == 1 {
+            logits.reshape(&[1, -1])?
+        } else {
+            logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?
+        };
         let processors = &self.config.sampler.processors;
         if !processors.is_empty() {
             if self.tracks_history() {
