@@ -6,30 +6,15 @@ mod common;
 use engine::cache::{KvCache, PagedPool};
 use engine::{GenerateConfig, Generator, LoadedModel};
 use serde_json::{json, Value};
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 const LONG: &str = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen \
                     sixteen seventeen eighteen nineteen twenty and then some more words to make it long";
 const SHORT: &str = "Tell me a story about a cat.";
 
+/// Runs cache_reference.py once over all `cases`.
 fn python_reference(cases: &[Value]) -> Vec<Value> {
-    let mut child = Command::new(common::venv_python())
-        .arg(common::oracle_dir().join("cache_reference.py"))
-        .current_dir(common::oracle_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run cache_reference.py");
-    child.stdin.take().unwrap().write_all(serde_json::to_string(cases).unwrap().as_bytes()).unwrap();
-    let out = child.wait_with_output().expect("wait for cache_reference.py");
-    assert!(out.status.success(), "cache_reference.py failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    match serde_json::from_slice(&out.stdout).expect("cache_reference.py output is JSON") {
-        Value::Array(v) => v,
-        v => panic!("cache_reference.py printed {v}"),
-    }
+    common::batched_reference("cache_reference.py", cases)
 }
 
 /// Our `generate --output json` tokens.

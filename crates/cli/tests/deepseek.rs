@@ -169,21 +169,7 @@ fn caches() {
             c
         })
         .collect();
-    let mut child = Command::new(common::venv_python())
-        .arg(common::oracle_dir().join("cache_reference.py"))
-        .current_dir(common::oracle_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run cache_reference.py");
-    {
-        use std::io::Write;
-        child.stdin.take().unwrap().write_all(serde_json::to_string(&json_cases).unwrap().as_bytes()).unwrap();
-    }
-    let out = child.wait_with_output().expect("wait for cache_reference.py");
-    assert!(out.status.success(), "cache_reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let refs: Vec<Value> = serde_json::from_slice(&out.stdout).expect("cache_reference.py JSON");
+    let refs = common::batched_reference("cache_reference.py", &json_cases);
     for ((variant, flags), r) in cases.iter().zip(&refs) {
         let dir = models_dir().join(variant);
         let max = MAX_TOKENS.to_string();

@@ -13,21 +13,7 @@ fn json(args: &[&str]) -> Value {
 
 #[test]
 fn reasoning_is_split_from_the_answer() {
-    // A copy of a tiny model whose template ends the prompt inside <think>.
-    let src = common::model("qwen3-f32");
-    let dir = std::env::temp_dir().join(format!("mlx-gen-reasoning-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    common::copy_dir(&src, &dir);
-    let cfg_path = dir.join("tokenizer_config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
-    cfg["chat_template"] = Value::String(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
-         {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
-            .into(),
-    );
-    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
-    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
-
+    let dir = common::reasoning_model_copy("qwen3-f32", "reasoning");
     let d = dir.to_str().unwrap();
     let v = json(&["generate", "--model", d, "--prompt", "Hi", "--max-tokens", "24", "--output", "json"]);
     let text = v["text"].as_str().unwrap();

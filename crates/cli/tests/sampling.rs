@@ -6,8 +6,7 @@
 mod common;
 
 use serde_json::{json, Value};
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const MAX_TOKENS: usize = 64;
 const TOP_LOGPROBS: usize = 3;
@@ -123,21 +122,7 @@ fn settings() -> Vec<Setting> {
 
 /// Runs sample_reference.py once over all `cases`.
 fn python_reference(cases: &[Value]) -> Vec<Value> {
-    let mut child = Command::new(common::venv_python())
-        .arg(common::oracle_dir().join("sample_reference.py"))
-        .current_dir(common::oracle_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sample_reference.py");
-    child.stdin.take().unwrap().write_all(serde_json::to_string(cases).unwrap().as_bytes()).unwrap();
-    let out = child.wait_with_output().expect("wait for sample_reference.py");
-    assert!(out.status.success(), "sample_reference.py failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    match serde_json::from_slice(&out.stdout).expect("sample_reference.py output is JSON") {
-        Value::Array(v) => v,
-        v => panic!("sample_reference.py printed {v}"),
-    }
+    common::batched_reference("sample_reference.py", cases)
 }
 
 fn f32s(v: &Value) -> Vec<f32> {

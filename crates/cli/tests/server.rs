@@ -360,18 +360,7 @@ fn concurrent_requests_each_get_their_own_answer() {
 /// --output json` splits them.
 #[test]
 fn reasoning_content_is_split_out() {
-    let dir = std::env::temp_dir().join(format!("mlx-gen-server-think-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    common::copy_dir(&common::model("qwen3-f32"), &dir);
-    let cfg_path = dir.join("tokenizer_config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
-    cfg["chat_template"] = Value::String(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
-         {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
-            .into(),
-    );
-    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
-    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
+    let dir = common::reasoning_model_copy("qwen3-f32", "server-think");
     let d = dir.to_str().unwrap();
 
     let out = common::mlx_gen(&["generate", "--model", d, "--prompt", "Hi", "--max-tokens", "24", "--output", "json"], None);

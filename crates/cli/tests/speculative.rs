@@ -6,8 +6,6 @@
 mod common;
 
 use serde_json::{json, Value};
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 const PROMPT: &str = "Tell me a story about a cat.";
 
@@ -83,21 +81,7 @@ struct Setting {
 
 /// Runs speculative_reference.py once over all `cases`.
 fn python_reference(cases: &[Value]) -> Vec<Value> {
-    let mut child = Command::new(common::venv_python())
-        .arg(common::oracle_dir().join("speculative_reference.py"))
-        .current_dir(common::oracle_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run speculative_reference.py");
-    child.stdin.take().unwrap().write_all(serde_json::to_string(cases).unwrap().as_bytes()).unwrap();
-    let out = child.wait_with_output().expect("wait for speculative_reference.py");
-    assert!(out.status.success(), "speculative_reference.py failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    match serde_json::from_slice(&out.stdout).expect("speculative_reference.py output is JSON") {
-        Value::Array(v) => v,
-        v => panic!("speculative_reference.py printed {v}"),
-    }
+    common::batched_reference("speculative_reference.py", cases)
 }
 
 #[test]

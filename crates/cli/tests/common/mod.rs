@@ -164,3 +164,43 @@ pub fn assert_error(out: &Output, code: i32, needles: &[&str]) {
         assert!(lower.contains(&n.to_lowercase()), "stderr does not mention {n:?}: {stderr}");
     }
 }
+
+/// Runs one of the batched reference scripts in tests/oracle (`sample_reference.py`,
+/// `cache_reference.py`, ...) once: the cases go in as a JSON array on stdin, one answer per case
+/// comes back as a JSON array.
+pub fn batched_reference(script: &str, cases: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    use std::io::Write;
+    let mut child = Command::new(venv_python())
+        .arg(oracle_dir().join(script))
+        .current_dir(oracle_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    child.stdin.take().unwrap().write_all(serde_json::to_string(cases).unwrap().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("wait for {script}: {e}"));
+    assert!(out.status.success(), "{script} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    match serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script} output is not JSON: {e}")) {
+        serde_json::Value::Array(v) => v,
+        v => panic!("{script} printed {v}"),
+    }
+}
+
+/// A copy of test model `variant` whose chat template ends the prompt inside `<think>`, as the
+/// DeepSeek-R1 distills' does (for the reasoning tests). The caller removes it.
+pub fn reasoning_model_copy(variant: &str, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlx-gen-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_dir(&model(variant), &dir);
+    let cfg_path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["chat_template"] = serde_json::Value::String(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+            .into(),
+    );
+    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
+    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
+    dir
+}
