@@ -31,7 +31,7 @@ pub struct Config {
     pub rope_traditional: bool,
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
-    #[serde(default = "yes")]
+    #[serde(default = "super::default_true")]
     pub tie_word_embeddings: bool,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
@@ -43,12 +43,8 @@ fn default_theta() -> f64 {
     10000.0
 }
 
-fn yes() -> bool {
-    true
-}
-
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
-    let c: Config = serde_json::from_value(config.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
+    let c: Config = super::parse_config(config)?;
     // As mlx-lm's llama.py: `layer_types` (default all full attention) picks a rotating cache of
     // `sliding_window` positions for each sliding layer, and the model makes its own caches.
     let layer_types = c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers.max(0) as usize]);

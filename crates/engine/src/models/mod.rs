@@ -41,6 +41,16 @@ pub trait Model: Send {
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array>;
 }
 
+/// An architecture's config struct from config.json, as an error naming the bad field.
+pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(config: &serde_json::Value) -> Result<T> {
+    serde_json::from_value(config.clone()).map_err(|e| EngineError::Config(e.to_string()))
+}
+
+/// `#[serde(default = "crate::models::default_true")]`: Hugging Face fields that default to true.
+pub(crate) fn default_true() -> bool {
+    true
+}
+
 type Loader = fn(&serde_json::Value, &mut Weights, &QuantConfig) -> Result<Box<dyn Model>>;
 
 /// `model_type` -> loader; aliases as in mlx-lm (`mistral` is llama).

@@ -24,7 +24,7 @@ pub struct Config {
     pub rope_traditional: bool,
     #[serde(default)]
     pub rope_scaling: Option<RopeScaling>,
-    #[serde(default = "yes")]
+    #[serde(default = "super::default_true")]
     pub tie_word_embeddings: bool,
 }
 
@@ -32,12 +32,8 @@ fn default_theta() -> f64 {
     1_000_000.0
 }
 
-fn yes() -> bool {
-    true
-}
-
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
-    let c: Config = serde_json::from_value(config.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
+    let c: Config = super::parse_config(config)?;
     let n_kv_heads = c
         .num_key_value_heads
         .ok_or_else(|| EngineError::Config("qwen2 needs num_key_value_heads".into()))?;

@@ -29,7 +29,7 @@ pub struct Config {
 }
 
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
-    let c: Config = serde_json::from_value(config.clone()).map_err(|e| EngineError::Config(e.to_string()))?;
+    let c: Config = super::parse_config(config)?;
     let params = c.rope_parameters.as_ref();
     let theta = c
         .rope_theta
