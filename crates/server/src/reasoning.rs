@@ -1,6 +1,5 @@
 //! `reasoning_content` for reasoning models: routes streamed text to the reasoning until
 //! `</think>` and to the answer after it, holding back only what could still be a tag.
-use engine::tokenizer::split_reasoning;
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -13,7 +12,7 @@ enum Mode {
     Answer,
 }
 
-/// One choice's stream of text, split as [`split_reasoning`] splits a whole text.
+/// One choice's stream of text, split as `engine::tokenizer::split_reasoning` splits a whole text.
 #[derive(Debug)]
 pub struct ReasoningStream {
     mode: Mode,
@@ -94,14 +93,10 @@ impl ReasoningStream {
     }
 }
 
-/// The whole-text form, for non-streaming answers: (reasoning, answer).
-pub fn split(text: &str, opened_in_prompt: bool) -> (Option<String>, String) {
-    split_reasoning(text, opened_in_prompt)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine::tokenizer::split_reasoning;
 
     fn stream(pieces: &[&str], opened: bool) -> (String, String) {
         let mut s = ReasoningStream::new(opened);
@@ -126,7 +121,7 @@ mod tests {
         ];
         for (pieces, opened) in cases {
             let whole: String = pieces.concat();
-            let (r, a) = split(&whole, *opened);
+            let (r, a) = split_reasoning(&whole, *opened);
             let (sr, sa) = stream(pieces, *opened);
             assert_eq!(sa, a, "{pieces:?}");
             assert_eq!(sr.trim(), r.unwrap_or_default(), "{pieces:?}");
