@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # Creates (once) the test-only Python venv holding the reference implementation, Python mlx-lm 0.32.2
-# on MLX 0.32.4, and prints its python's path. Never used at run time.
+# on MLX 0.32.4, and the official `openai` client the server tests drive `mlx-gen serve` with; prints
+# its python's path. Never used at run time.
 # Location: $MLX_GEN_ORACLE_VENV, default <repo>/.venv-oracle. Safe to call from parallel tests.
+# Two layers, each with its marker: the base (v2) and the OpenAI client (v3), so that a venv made
+# before the client was added gains it without being rebuilt under tests that are using it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${MLX_GEN_ORACLE_VENV:-$root/.venv-oracle}
-marker="$venv/.mlx-gen-oracle-v2"
+base_marker="$venv/.mlx-gen-oracle-v2"
+marker="$venv/.mlx-gen-oracle-v3"
 if [ ! -f "$marker" ]; then
   mkdir -p "$(dirname "$venv")"
   exec 9>"$venv.lock"
   flock 9
-  if [ ! -f "$marker" ]; then
+  pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+  if [ ! -f "$base_marker" ]; then
     rm -rf "$venv"
     python3 -m venv "$venv" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      mlx==0.32.4 mlx-cpu==0.32.4 mlx-lm==0.32.2 gguf==0.19.0 >&2
+    "${pip[@]}" mlx==0.32.4 mlx-cpu==0.32.4 mlx-lm==0.32.2 gguf==0.19.0 >&2
+    touch "$base_marker"
+  fi
+  if [ ! -f "$marker" ]; then
+    "${pip[@]}" openai==1.109.1 httpx==0.28.1 >&2
     touch "$marker"
   fi
 fi

@@ -1,26 +1,81 @@
 #!/usr/bin/env bash
-# Every GPU measurement the open issues need, in one go, from the folder stage-gpu.sh fills
-# (.gpubin/: mlx-gen + bench scripts), on a machine where `python3` has mlx (CUDA) and mlx-lm.
-# Writes what it prints to $OUT (or ./gpu-results) as well. Expect about 10-15 minutes on an H200.
+# The GPU measurements the open issues need, from the folder stage-gpu.sh fills (.gpubin/: mlx-gen +
+# bench scripts), on a machine where `python3` has mlx (CUDA) and mlx-lm. One section per device call
+# (each under 10 minutes on an H200):
+#   gpu_suite.sh perf   MLX CUDA-graph size sweep, then the side-by-side table (3 rounds, pacing)  (issue 13)
+#   gpu_suite.sh more   fused vs separate, paged vs growing cache (issue 5), prompt 4096, DeepSeek-V2-Lite (issue 8)
+#   gpu_suite.sh spec   real Qwen2.5-Coder-0.5B pair: speculative decoding vs mlx-lm (issue 6);
+#                       needs the GGUF at $GGUF (default /tmp/model.gguf)
+#   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
+# Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
 set -u
 cd "$(dirname "$0")/.."          # .gpubin/
 out=${OUT:-gpu-results}; mkdir -p "$out"
 models=${MODELS:-/tmp/models}
+section=${1:-perf}
+# MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER operations (default 20).
+tuned=$(cat /tmp/mlxgen-tuned-env 2>/dev/null || echo "")
 med() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); m=d['median']; print(f\"ttft {m['ttft_s']*1000:.1f} ms, prefill {m['prompt_tps']:.0f} tok/s, decode {m['generation_tps']:.1f} tok/s, peak {m['peak_memory_gb']:.3f} GB\")"; }
+shape_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || python3 bench/make_shape.py "$1" "$d" --bits 4 --dtype bfloat16 >/dev/null; echo "$d"; }
 {
-  # Issue 13: the side-by-side table with token pacing, three rounds.
+case $section in
+perf)
+  for s in smollm2-135m qwen3-0.6b llama-3.2-3b qwen2.5-7b; do shape_dir $s >/dev/null; done
+  echo "== CUDA graph size sweep (decode tok/s, prompt 128, 256 tokens, llama-3.2-3b / qwen3-0.6b)"
+  best=""; best_tps=0
+  for ops in 20 40 80 160 250; do
+    a=$(MLX_MAX_OPS_PER_BUFFER=$ops ./mlx-gen bench --model "$(shape_dir llama-3.2-3b)" -p 128 -g 256 -n 2 --json | python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['median']['generation_tps'])")
+    b=$(MLX_MAX_OPS_PER_BUFFER=$ops ./mlx-gen bench --model "$(shape_dir qwen3-0.6b)" -p 128 -g 256 -n 2 --json | python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['median']['generation_tps'])")
+    echo "MLX_MAX_OPS_PER_BUFFER=$ops: llama-3.2-3b $a, qwen3-0.6b $b"
+    if python3 -c "import sys; sys.exit(0 if $a + 0.0 > $best_tps else 1)"; then best=$ops; best_tps=$a; fi
+  done
+  a=$(MLX_USE_CUDA_GRAPHS=0 ./mlx-gen bench --model "$(shape_dir llama-3.2-3b)" -p 128 -g 256 -n 2 --json | med)
+  echo "MLX_USE_CUDA_GRAPHS=0: llama-3.2-3b $a"
+  echo "MLX_MAX_OPS_PER_BUFFER=$best" > /tmp/mlxgen-tuned-env
+  echo "== chosen for mlx-gen: MLX_MAX_OPS_PER_BUFFER=$best"
   python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" -p 512 -g 256 -n 3 --rounds 3 \
-      --pacing-tokens 1024 --out "$out/side_by_side.json"
+      --pacing-tokens 1024 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=$best" --out "$out/side_by_side.json"
+  ;;
+more)
   for s in smollm2-135m qwen3-0.6b llama-3.2-3b qwen2.5-7b; do
-    d=$models/$s-4bit-bfloat16
-    echo "== $s fused:          $(./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --json | med)"
-    echo "== $s separate:       $(MLX_GEN_NO_FUSE=1 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --json | med)"
-    # Issue 5: the paged cache must stay within 5% of the growing one.
-    echo "== $s paged cache:    $(./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --kv-cache paged --json | med)"
-    echo "== $s p4096 mlx-gen:  $(./mlx-gen bench --model "$d" -p 4096 -g 16 -n 2 --json | med)"
+    d=$(shape_dir $s)
+    echo "== $s fused:          $(env $tuned ./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --json | med)"
+    echo "== $s separate:       $(env $tuned MLX_GEN_NO_FUSE=1 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --json | med)"
+    echo "== $s paged cache:    $(env $tuned ./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --kv-cache paged --json | med)"
+    echo "== $s p4096 mlx-gen:  $(env $tuned ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 2 --json | med)"
     echo "== $s p4096 mlx-lm:   $(python3 bench/mlx_lm_bench.py --model "$d" -p 4096 -g 16 -n 2 | med)"
   done
-  # Issue 8: the MoE shape.
-  python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes deepseek-v2-lite -p 512 -g 128 -n 2 --rounds 1
-} 2>&1 | tee "$out/suite.txt"
-# Issue 6 needs a real target/draft pair (Qwen2.5-Coder bf16 + 4-bit): see scripts/bench/speculative.py.
+  d=$(shape_dir llama-3.2-3b)
+  echo "== llama-3.2-3b mlx-lm with $tuned too: $(env $tuned python3 bench/mlx_lm_bench.py --model "$d" -p 512 -g 256 -n 3 | med)"
+  python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes deepseek-v2-lite -p 512 -g 128 -n 2 \
+      --rounds 1 --mlx-gen-env "$tuned"
+  ;;
+spec)
+  gguf=${GGUF:-/tmp/model.gguf}
+  [ -d /tmp/qc-bf16 ] || ./mlx-gen convert --model "$gguf" --dtype bfloat16 --mlx-path /tmp/qc-bf16
+  [ -d /tmp/qc-q4 ] || ./mlx-gen convert --model /tmp/qc-bf16 -q --q-bits 4 --mlx-path /tmp/qc-q4
+  env $tuned python3 bench/speculative.py --mlx-gen ./mlx-gen --model /tmp/qc-bf16 --draft /tmp/qc-q4 \
+      --num-draft 2,3,4 --prompt-lookup 3 -g 256 --rounds 3 --out "$out/speculative.json"
+  ;;
+serve)
+  d=$(shape_dir llama-3.2-3b)
+  env $tuned python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 --max-tokens 128 \
+      --out "$out/server_load.json"
+  d=$(shape_dir qwen2.5-7b)
+  echo "== 2 ranks (ring, loopback) on one GPU vs one process, qwen2.5-7b shape, 64 greedy tokens"
+  args=(generate --model "$d" --prompt "Write a story about a robot." -m 64 --temp 0 --ignore-chat-template --output json)
+  env $tuned ./mlx-gen "${args[@]}" > /tmp/single.json
+  env $tuned ./mlx-gen launch --hosts 127.0.0.1,127.0.0.1 --backend ring --timeout 120 -- "${args[@]}" > /tmp/tp2.json
+  python3 - <<'EOF'
+import json
+a = json.load(open("/tmp/single.json")); b = json.load(open("/tmp/tp2.json"))
+same = sum(x == y for x, y in zip(a["tokens"], b["tokens"]))
+print(f"single: {a.get('generation_tps')} tok/s, tp2 ring: {b.get('generation_tps')} tok/s; "
+      f"first {same} of {len(a['tokens'])} tokens equal" + (" (all)" if a["tokens"] == b["tokens"] else ""))
+EOF
+  env $tuned ./mlx-gen bench --model "$d" -p 512 -g 128 -n 2 --json | med
+  env $tuned ./mlx-gen launch --hosts 127.0.0.1,127.0.0.1 --backend ring --timeout 120 -- bench --model "$d" -p 512 -g 128 -n 2 --json | med
+  ;;
+*) echo "unknown section $section (perf, more, spec, serve)"; exit 2 ;;
+esac
+} 2>&1 | tee -a "$out/suite-$section.txt"

@@ -19,8 +19,8 @@ HERE = Path(__file__).resolve().parent
 BANDWIDTH = {"cpu": None, "gpu": 4.8e12}  # bytes/s: H200 HBM3e
 
 
-def run_json(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True)
+def run_json(cmd, env=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -40,8 +40,15 @@ def main():
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--pacing-tokens", type=int, default=0,
                     help="also time every inter-token interval of a decode this long (prompt 128)")
+    ap.add_argument("--mlx-gen-env", default="",
+                    help="K=V[,K=V...]: environment for the mlx-gen runs only (e.g. MLX tuning it sets itself)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    import os
+    ours_env = dict(os.environ)
+    for kv in filter(None, args.mlx_gen_env.split(",")):
+        k, v = kv.split("=", 1)
+        ours_env[k] = v
 
     rows = []
     for shape in args.shapes.split(","):
@@ -53,7 +60,7 @@ def main():
         common = ["-p", str(args.p), "-g", str(args.g), "-n", str(args.n)]
         ours, theirs = [], []
         for _ in range(args.rounds):
-            ours.append(run_json([args.mlx_gen, "--device", args.device, "bench", "--model", str(d), "--json"] + common))
+            ours.append(run_json([args.mlx_gen, "--device", args.device, "bench", "--model", str(d), "--json"] + common, ours_env))
             theirs.append(run_json([sys.executable, str(HERE / "mlx_lm_bench.py"), "--model", str(d)] + common))
         row = {"shape": shape, "weight_gb": weight_bytes / 1e9}
         for name, reps in (("mlx-gen", ours), ("mlx-lm", theirs)):
@@ -64,7 +71,7 @@ def main():
         if args.pacing_tokens:
             pace = ["-p", "128", "-g", str(args.pacing_tokens), "-n", "1", "--pacing"]
             row["mlx-gen"]["pacing"] = run_json(
-                [args.mlx_gen, "--device", args.device, "bench", "--model", str(d), "--json"] + pace)["pacing"]
+                [args.mlx_gen, "--device", args.device, "bench", "--model", str(d), "--json"] + pace, ours_env)["pacing"]
             row["mlx-lm"]["pacing"] = run_json(
                 [sys.executable, str(HERE / "mlx_lm_bench.py"), "--model", str(d)] + pace)["pacing"]
         bw = BANDWIDTH.get(args.device)

@@ -7,7 +7,10 @@ Float variants are written Hugging Face style (one tensor per expert, `kv_b_proj
 4-bit variants come from mlx-lm's own `mlx_lm.convert` of a float one (so experts are stacked into
 `switch_mlp` and V3's `kv_b_proj` is split into `embed_q`/`unembed_out`, as mlx-lm saves them).
 4-bit bfloat16 conversions of one V2 and one V3 variant, and a V3 checkpoint whose only quantized
-layer is `kv_b_proj` (as older mlx-lm conversions have it). Every variant: several routed experts, 2 shared experts, group-limited routing, layer 0 dense and
+layer is `kv_b_proj` (as older mlx-lm conversions have it). Two V3 checkpoints in published Hugging
+Face formats that mlx-lm's sanitize converts: FP8 (`F8_E4M3` weights with float32 128x128
+`weight_scale_inv` block scales, some dimensions not multiples of 128; dequantized to bfloat16 at
+load) and compressed-tensors int4 experts (`weight_packed`/`weight_scale`/`weight_shape`). Every variant: several routed experts, 2 shared experts, group-limited routing, layer 0 dense and
 the next ones mixture-of-experts, YaRN rope. Deterministic (fixed seeds). Writes OUTDIR/variants.json.
 Run with the oracle venv's python (scripts/oracle-venv.sh).
 """
@@ -56,6 +59,13 @@ QUANT = [
 # mlx-lm's sanitize dequantizes, splits and quantizes again.
 KVB_QUANT = dict(name="dsv3-kvb-q4g32", src="dsv3-noqlora-f32", bits=4, group=32)
 
+# Published formats (see above): the FP8 one has a 200-wide dense MLP (two 128-blocks, the second
+# partial) and FP8 experts; the int4 one has float attention and int4 routed and shared experts.
+FP8 = dict(name="dsv3-fp8", arch="deepseek_v3", q_lora=32, experts=8, top_k=3, n_group=4, topk_group=2,
+           scaling=2.5, mscale=1.0, mscale_all_dim=1.0, inter=200)
+INT4 = dict(name="dsv3-int4", arch="deepseek_v3", q_lora=None, experts=8, top_k=2, n_group=2, topk_group=1,
+            scaling=1.0, mscale=1.0, mscale_all_dim=0.8)
+
 HIDDEN, INTER, MOE_INTER, HEADS, LAYERS = 64, 96, 32, 4, 3
 KV_LORA, NOPE, ROPE, VHEAD = 32, 32, 32, 32  # V2 keys: 64 wide, so 32-groups quantize them
 
@@ -67,7 +77,7 @@ def make_config(v, vocab_size, ids):
         "model_type": v["arch"],
         "vocab_size": vocab_size,
         "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
+        "intermediate_size": v.get("inter", INTER),
         "moe_intermediate_size": MOE_INTER,
         "num_hidden_layers": LAYERS,
         "num_attention_heads": HEADS,
@@ -151,7 +161,7 @@ def make_weights(v, cfg, real_vocab):
         if v.get("inv_freq"):
             w[a + "rotary_emb.inv_freq"] = (1.0 / (10000.0 ** (np.arange(0, ROPE, 2) / ROPE))).astype(np.float32)
         if l < cfg["first_k_dense_replace"]:
-            mlp(p + "mlp.", INTER)
+            mlp(p + "mlp.", v.get("inter", INTER))
             continue
         w[p + "mlp.gate.weight"] = lin(v["experts"], H, 3.0)
         if v["arch"] == "deepseek_v3":
@@ -207,6 +217,90 @@ def write_kvb_quant(q, outdir):
     (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
+def save_raw(path, tensors):
+    """A safetensors file from {name: (numpy array, safetensors dtype)}, so that uint8 data can be
+    labelled F8_E4M3 as published FP8 checkpoints have it (MLX reads it back as uint8)."""
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        a, dtype = tensors[name]
+        b = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    header["__metadata__"] = {"format": "pt"}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def is_projection(name):
+    """The Linear weights DeepSeek-V3 publishes in FP8: attention and MLP projections (not the router,
+    the norms, the embedding or the head)."""
+    proj = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+            "gate_proj", "up_proj", "down_proj")
+    return name.endswith(".weight") and name.split(".")[-2] in proj
+
+
+def to_fp8_blocks(w, bs=128):
+    """w (m, n) float32 -> (e4m3 bytes (m, n) uint8, scale_inv (ceil(m/bs), ceil(n/bs)) float32)."""
+    import mlx.core as mx
+
+    m, n = w.shape
+    pm, pn = -m % bs, -n % bs
+    blocks = np.pad(w, ((0, pm), (0, pn))).reshape((m + pm) // bs, bs, (n + pn) // bs, bs)
+    scale = (np.maximum(np.abs(blocks).max(axis=(1, 3)), 1e-8) / 448.0).astype(np.float32)
+    q = (blocks / scale[:, None, :, None]).reshape(m + pm, n + pn)[:m, :n].astype(np.float32)
+    return np.array(mx.to_fp8(mx.array(q))), scale
+
+
+def to_packed_int4(w, group=32):
+    """Symmetric int4 as compressed-tensors packs it: (int32 (out, in/8) of 4-bit q + 8, low bits
+    first; float32 scales (out, in/group))."""
+    out_dims, in_dims = w.shape
+    g = w.reshape(out_dims, in_dims // group, group)
+    scale = (np.abs(g).max(-1) / 7.0).astype(np.float32)
+    q = (np.clip(np.round(g / scale[..., None]), -8, 7).astype(np.int64) + 8).reshape(out_dims, in_dims // 8, 8)
+    packed = np.zeros((out_dims, in_dims // 8), dtype=np.uint64)
+    for i in range(8):
+        packed |= q[..., i].astype(np.uint64) << np.uint64(4 * i)
+    return packed.astype(np.uint32).view(np.int32), scale
+
+
+def write_published(v, outdir, tokdir, tok_size, ids):
+    d = outdir / v["name"]
+    d.mkdir(parents=True)
+    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
+    tensors = {}
+    for k, w in make_weights(v, cfg, tok_size).items():
+        if v is FP8 and is_projection(k):
+            q, s = to_fp8_blocks(w)
+            tensors[k] = (q, "F8_E4M3")
+            tensors[k + "_scale_inv"] = (s, "F32")
+        elif v is INT4 and is_projection(k) and (".mlp.experts." in k or ".mlp.shared_experts." in k):
+            base = k[: -len("weight")]
+            packed, s = to_packed_int4(w)
+            tensors[base + "weight_packed"] = (packed, "I32")
+            tensors[base + "weight_scale"] = (s, "F32")
+            tensors[base + "weight_shape"] = (np.array(w.shape, dtype=np.int64), "I64")
+        else:
+            tensors[k] = (w, "F32")
+    if v is FP8:
+        cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                      "weight_block_size": [128, 128]}
+    else:
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}},
+            "ignore": ["lm_head"],
+        }
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in tokdir.iterdir():
+        shutil.copy(f, d / f.name)
+    save_raw(d / "model.safetensors", tensors)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
@@ -240,6 +334,11 @@ def main():
     write_kvb_quant(q, outdir)
     info[q["name"]] = dict(kind="quantized", arch="deepseek_v3", dtype="float32", bits=q["bits"],
                            group_size=q["group"], src=q["src"])
+    for v, kind in [(FP8, "fp8"), (INT4, "int4")]:
+        if (outdir / v["name"]).exists():
+            shutil.rmtree(outdir / v["name"])
+        write_published(v, outdir, tokdir, tok_size, ids)
+        info[v["name"]] = dict(kind=kind, arch=v["arch"], dtype="float32")
     shutil.rmtree(tokdir)
     for name in sorted(info):
         print(name)

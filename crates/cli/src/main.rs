@@ -48,7 +48,8 @@ enum Command {
     OutpaintPrep(commands::outpaint_prep::Args),
     /// Print the flow-matching Euler schedule (SD3/FLUX sigmas and timesteps), e.g. `--steps 28 --shift 3 --json`.
     FlowSchedule(commands::flow_schedule::Args),
-    /// Run a command on several ranks with MLX distributed (tensor parallel), e.g.
+    /// Run generate, chat or bench on several ranks with MLX distributed (tensor parallel, or
+    /// pipeline parallel with the command's --pipeline), e.g.
     /// `launch --hosts 127.0.0.1,127.0.0.1 -- generate --model M`.
     Launch(commands::launch::Args),
     /// Print a shell completion script: `mlx-gen completions bash > /etc/bash_completion.d/mlx-gen`.
@@ -118,7 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         || std::env::var_os("MLX_GEN_FUSE").is_some();
     engine::nn::set_fused_projections(fuse);
     // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
-    commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_))))?;
+    commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_))))?;
     let result = match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

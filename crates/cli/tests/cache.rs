@@ -1,6 +1,6 @@
 //! KV cache oracle tests: rotating (`--max-kv-size`, sliding-window layers), quantized (`--kv-bits`)
-//! and prompt-cache files give mlx-lm 0.32.2's tokens; the paged cache gives the growing one's and
-//! shares a common prefix's memory. All Python references run in one process (cache_reference.py).
+//! and prompt-cache files give mlx-lm 0.32.2's tokens; the paged cache gives the growing one's (and
+//! the rotating one's, its windows being rings of blocks) and shares a common prefix's memory. All Python references run in one process (cache_reference.py).
 mod common;
 
 use engine::cache::{KvCache, PagedPool};
@@ -148,6 +148,54 @@ fn paged_cache_generates_the_growing_caches_tokens() {
         let flags: Vec<String> = "--ignore-chat-template --prefill-step-size 13 --kv-cache paged".split(' ').map(Into::into).collect();
         assert_eq!(ours(&dir, LONG, 300, &flags), a, "{model}: paged tokens differ");
     }
+}
+
+/// `--max-kv-size` (and sliding-window layers) with `--kv-cache paged`: each window is a ring of
+/// blocks, and the tokens are the rotating cache's (which are mlx-lm's, see above) while prompt and
+/// generation wrap the window several times, with blocks that do and do not divide the window.
+#[test]
+fn paged_rings_give_the_rotating_caches_tokens() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("paged-ring-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let sliding = sliding_llama(&tmp);
+    let (qwen3, qwen2) = (common::model("qwen3-f32"), common::model("qwen2-f32"));
+    let mla = common::deepseek_model("dsv3-f32");
+    let cases: &[(&str, &Path, &str, usize, &str)] = &[
+        ("deepseek_v3 MLA window 24", &mla, LONG, 60, "--ignore-chat-template --max-kv-size 24 --prefill-step-size 7"),
+        ("qwen3 window 24, chunks of 7", &qwen3, LONG, 80, "--ignore-chat-template --max-kv-size 24 --prefill-step-size 7"),
+        ("qwen2 window 16, prompt longer than it", &qwen2, LONG, 70, "--ignore-chat-template --max-kv-size 16"),
+        ("qwen3 window 40", &qwen3, SHORT, 120, "--max-kv-size 40"),
+        ("qwen3 window 20 seeded", &qwen3, LONG, 60, "--ignore-chat-template --max-kv-size 20 --prefill-step-size 9 --temp 1 --seed 7"),
+        ("llama sliding layer of 12", &sliding, LONG, 60, "--ignore-chat-template --prefill-step-size 5"),
+    ];
+    for (name, model, prompt, n, flags) in cases {
+        let flags: Vec<String> = flags.split(' ').map(Into::into).collect();
+        let want = ours(model, prompt, *n, &flags);
+        assert!(want.len() >= n / 2, "{name}: too short to wrap the window ({} tokens)", want.len());
+        for block in ["4", "5", "256"] {
+            let mut paged = flags.clone();
+            paged.extend(["--kv-cache", "paged", "--kv-block-size", block].map(String::from));
+            assert_eq!(ours(model, prompt, *n, &paged), want, "{name}: paged blocks of {block} give other tokens");
+        }
+        eprintln!("{name}: {} tokens equal with rings of 4, 5 and 256-position blocks", want.len());
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Combinations the paged cache cannot serve fail with one clear line.
+#[test]
+fn paged_cache_refuses_what_it_cannot_do() {
+    let model = common::model("qwen3-f32");
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--device", "cpu", "--model", m, "-p", "hi", "-m", "2", "--kv-cache", "paged"];
+        args.extend(extra);
+        common::mlx_gen(&args, None)
+    };
+    common::assert_error(&run(&["--kv-bits", "4"]), 1, &["--kv-cache paged", "--kv-bits"]);
+    common::assert_error(&run(&["--kv-block-size", "0"]), 1, &["--kv-block-size"]);
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("paged-refuse-{}.safetensors", std::process::id()));
+    common::assert_error(&run(&["--prompt-cache-file", file.to_str().unwrap()]), 1, &["--kv-cache paged", "--prompt-cache-file"]);
 }
 
 fn greedy(loaded: &LoadedModel, prompt: &[u32], cache: Vec<Box<dyn KvCache>>, n: usize) -> (Vec<u32>, Vec<Box<dyn KvCache>>) {

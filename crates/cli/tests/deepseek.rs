@@ -1,9 +1,10 @@
 //! Oracle tests for `deepseek_v2` and `deepseek_v3` (tests/oracle/make_deepseek.py: tiny random
 //! models with routed + shared experts, group-limited routing, q_lora on and off, a dense layer then
-//! MoE layers, float32 and 4-bit): `mlx-gen generate` must give Python mlx-lm 0.32.2's greedy tokens
-//! and text (64 tokens), and the engine's prompt logits must be within 1e-5 of mlx-lm's (float32
-//! weights and scales; 1e-2 x the logit range for bfloat16), also with rotating and quantized KV
-//! caches and chunked prefill.
+//! MoE layers, float32 and 4-bit, and V3 as published: FP8 with block scales, compressed-tensors
+//! int4): `mlx-gen generate` must give Python mlx-lm 0.32.2's greedy tokens and text (64 tokens),
+//! and the engine's prompt logits must be within 1e-5 of mlx-lm's (float32 activations and scales;
+//! 1e-2 x the logit range for bfloat16), also with rotating and quantized KV caches and chunked
+//! prefill.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -27,6 +28,8 @@ const VARIANTS: &[&str] = &[
     "dsv3-q4g32",
     "dsv3-q4g32-bf16",
     "dsv3-kvb-q4g32",
+    "dsv3-fp8",
+    "dsv3-int4",
 ];
 
 /// The folder of the DeepSeek models, built once per content of the scripts that make them.
@@ -192,4 +195,32 @@ fn v3_quantized_kv_refused() {
     let o = common::mlx_gen(&[&args[..], &["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "0"]].concat(), None);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && stderr.contains("quantized KV cache"), "{stderr}");
+}
+
+/// A bfloat16 model with float (unquantized) experts on the CPU fails with one clear line: MLX's CPU
+/// gather_mm takes float32 only (mlx-lm fails too, with MLX's internal message).
+#[test]
+fn bf16_float_experts_on_cpu_refused() {
+    let src = models_dir().join("dsv3-f32");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv3-bf16-float-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e != "safetensors") {
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let st = mlx::io::load_safetensors(&src.join("model.safetensors")).unwrap();
+    let bf16: Vec<(String, mlx::Array)> =
+        st.tensors.iter().map(|(n, a)| (n.clone(), a.astype(mlx::Dtype::BF16).unwrap())).collect();
+    let refs: Vec<(&str, &mlx::Array)> = bf16.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    mlx::io::save_safetensors(&dir.join("model.safetensors"), &refs, &[("format", "pt")]).unwrap();
+    let args = ["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt", "Hi", "--max-tokens", "4"];
+    let o = common::mlx_gen(&args, None);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!o.status.success(), "a bf16 float MoE ran on the CPU: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: ") && stderr.contains("float32 on the CPU") && !stderr.contains("GatherMM"), "{stderr}");
 }

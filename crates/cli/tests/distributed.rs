@@ -5,7 +5,7 @@ mod common;
 use serde_json::Value;
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,41 +28,101 @@ fn generate_args(model: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Greedy tokens of the 2-rank run equal the single-process ones. The log-probabilities may differ
-/// in the last bits: each rank sums half of every o/down dot product and the all_sum adds the two
-/// halves, a different summation order than one f32 dot product (error ~ n·eps·|terms| ≈ 1e-6 for
-/// these sizes); 1e-4 leaves margin while a wrong shard (wrong heads or columns) is off by > 0.1.
-fn tp2_matches_single(variant: &str) {
-    let model = common::model(variant);
-    let args = generate_args(&model);
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let single = json_of(&common::mlx_gen(&argv, None), "single-process generate");
-    let mut launch = vec!["launch", "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--timeout", "60", "--"];
-    launch.extend(&argv);
-    let sharded = json_of(&common::mlx_gen(&launch, None), "launch generate");
+fn tokens(v: &Value) -> Vec<u64> {
+    v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
+}
 
-    let tokens = |v: &Value| -> Vec<u64> { v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect() };
-    let (a, b) = (tokens(&single), tokens(&sharded));
-    assert!(a.len() >= 32, "{variant}: only {} tokens generated: pick a longer-running prompt", a.len());
-    assert_eq!(a, b, "{variant}: tensor-parallel tokens differ from the single-process ones");
-    let lps = |v: &Value| -> Vec<f64> { v["logprobs"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap()).collect() };
-    for (i, (x, y)) in lps(&single).iter().zip(lps(&sharded)).enumerate() {
-        assert!((x - y).abs() <= 1e-4, "{variant}: token {i}: logprob {x} single vs {y} sharded");
+fn logprobs(v: &Value) -> Vec<f64> {
+    v["logprobs"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap()).collect()
+}
+
+/// How the 2 ranks split the model.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Split {
+    Tensor,
+    Pipeline,
+}
+
+impl Split {
+    /// The flags the generate/chat/bench command takes for this split.
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Split::Tensor => &[],
+            Split::Pipeline => &["--pipeline"],
+        }
     }
-    // Each rank holds half of every projection: rank 0's peak is below the whole model's.
+}
+
+/// `mlx-gen launch` on 2 loopback ranks running `argv` (rank 0's single JSON line).
+fn launch2(argv: &[&str], what: &str) -> Value {
+    let mut launch = vec!["launch", "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--timeout", "60", "--"];
+    launch.extend(argv);
+    json_of(&common::mlx_gen(&launch, None), what)
+}
+
+/// Greedy tokens of the 2-rank run equal the single-process ones. Tensor parallel: the
+/// log-probabilities may differ in the last bits: each rank sums half of every o/down dot product
+/// and the all_sum adds the two halves, a different summation order than one f32 dot product (error
+/// ~ n·eps·|terms| ≈ 1e-6 for these sizes); 1e-4 leaves margin while a wrong shard (wrong heads or
+/// columns) is off by > 0.1. Pipeline parallel runs every layer whole, in the same order: its
+/// log-probabilities are bit-identical.
+fn sharded_matches_single(model: &Path, split: Split) {
+    let name = model.file_name().unwrap().to_string_lossy().into_owned();
+    let args = generate_args(model);
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let single = json_of(&common::mlx_gen(&argv, None), "single-process generate");
+    argv.extend(split.flags());
+    let sharded = launch2(&argv, &format!("launch generate ({split:?})"));
+
+    let (a, b) = (tokens(&single), tokens(&sharded));
+    assert!(a.len() >= 32, "{name}: only {} tokens generated: pick a longer-running prompt", a.len());
+    assert_eq!(a, b, "{name}: {split:?}-parallel tokens differ from the single-process ones");
+    let tol = if split == Split::Tensor { 1e-4 } else { 0.0 };
+    for (i, (x, y)) in logprobs(&single).iter().zip(logprobs(&sharded)).enumerate() {
+        assert!((x - y).abs() <= tol, "{name}: token {i}: logprob {x} single vs {y} {split:?}-parallel");
+    }
+    // Each rank holds half of the layers' weights: rank 0's peak is below the whole model's.
     let (p1, p2) = (single["peak_memory_gb"].as_f64().unwrap(), sharded["peak_memory_gb"].as_f64().unwrap());
-    eprintln!("{variant}: peak memory single {:.0} KB, rank 0 of 2 {:.0} KB", p1 * 1e6, p2 * 1e6);
-    assert!(p2 < p1, "{variant}: rank 0 peak {p2} GB is not below the single-process {p1} GB");
+    eprintln!("{name} ({split:?}): peak memory single {:.0} KB, rank 0 of 2 {:.0} KB", p1 * 1e6, p2 * 1e6);
+    assert!(p2 < p1, "{name}: rank 0 peak {p2} GB is not below the single-process {p1} GB");
 }
 
 #[test]
 fn tp2_ring_llama3_matches_single_process() {
-    tp2_matches_single("llama3-f32");
+    sharded_matches_single(&common::model("llama3-f32"), Split::Tensor);
 }
 
 #[test]
 fn tp2_ring_qwen2_matches_single_process() {
-    tp2_matches_single("qwen2-f32");
+    sharded_matches_single(&common::model("qwen2-f32"), Split::Tensor);
+}
+
+#[test]
+fn pp2_ring_llama3_matches_single_process() {
+    sharded_matches_single(&common::model("llama3-f32"), Split::Pipeline);
+}
+
+#[test]
+fn pp2_ring_qwen2_matches_single_process() {
+    sharded_matches_single(&common::model("qwen2-f32"), Split::Pipeline);
+}
+
+/// DeepSeek-V2: MLA heads (q, kv_b rows; o columns), the dense layer's MLP, and in the MoE layers
+/// every routed and shared expert's hidden units split, the router whole, one all_sum per MoE.
+#[test]
+fn tp2_ring_deepseek_v2_matches_single_process() {
+    sharded_matches_single(&common::deepseek_model("dsv2-f32"), Split::Tensor);
+}
+
+/// DeepSeek-V3: as V2, with the absorbed attention's per-head embed_q / unembed_out split by head.
+#[test]
+fn tp2_ring_deepseek_v3_matches_single_process() {
+    sharded_matches_single(&common::deepseek_model("dsv3-f32"), Split::Tensor);
+}
+
+#[test]
+fn pp2_ring_deepseek_v3_matches_single_process() {
+    sharded_matches_single(&common::deepseek_model("dsv3-f32"), Split::Pipeline);
 }
 
 /// A ring hostfile with free loopback ports for `n` ranks, written under the test tmp dir.
@@ -156,8 +216,324 @@ fn launch_fails_when_the_ranks_fail() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("rank") && err.contains("failed"), "launch's error does not name the failed rank:\n{err}");
-    // Only generate runs sharded for now: other commands are refused up front.
-    let out = common::mlx_gen(&["launch", "--hosts", "127.0.0.1,127.0.0.1", "--", "chat"], None);
+    // generate, chat and bench run sharded; other commands are refused up front.
+    let out = common::mlx_gen(&["launch", "--hosts", "127.0.0.1,127.0.0.1", "--", "serve"], None);
+    common::assert_error(&out, 1, &["generate, chat, bench"]);
+}
+
+/// Pipeline parallel needs a layer per rank: 3 ranks on a 2-layer model fail with one clear line
+/// per rank, and launch names the failed rank.
+#[test]
+fn pipeline_with_more_ranks_than_layers_fails_clearly() {
+    let model = common::model("qwen2-f32");
+    let m = model.to_str().unwrap();
+    let args = ["launch", "--hosts", "127.0.0.1,127.0.0.1,127.0.0.1", "--timeout", "30", "--", "--device", "cpu", "generate", "--model", m, "--pipeline"];
+    let out = common::mlx_gen(&args, None);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("generate"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("at least one layer per rank") && err.contains("has 2"), "unclear error:\n{err}");
+    assert!(err.lines().all(|l| l.starts_with("error: ")), "{err}");
+}
+
+// ---- mlx-lm's own sharded generation (mlx.launch, ring backend on loopback) ----
+
+/// Python mlx-lm's greedy tokens from `sharded_load` + `stream_generate` on 2 ranks started by
+/// `mlx.launch` (tests/oracle/sharded_reference.py).
+fn mlx_lm_sharded_tokens(model: &Path, split: Split) -> Vec<u64> {
+    let py = common::venv_python();
+    let launcher = py.with_file_name("mlx.launch");
+    let mut cmd = Command::new(&launcher);
+    cmd.args(["--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--python"])
+        .arg(py)
+        .arg(common::oracle_dir().join("sharded_reference.py"))
+        .args(["--model", model.to_str().unwrap(), "--prompt", "hello", "--max-tokens", TOKENS])
+        .args(split.flags())
+        .current_dir(common::oracle_dir())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("run {}: {e}", launcher.display()));
+    let (status, err) = wait_bounded(&mut child, Duration::from_secs(300), "mlx.launch sharded_reference.py");
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(status.success(), "mlx-lm's sharded generation failed ({status}):\n{err}");
+    let line = out.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON from mlx-lm: {out}\n{err}"));
+    let v: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["group_size"], 2, "mlx-lm did not run on 2 ranks: {line}");
+    tokens(&v)
+}
+
+/// A copy of `model` with a `model.safetensors.index.json` (mlx-lm's pipeline loader reads the
+/// index to find each stage's files); the caller removes it.
+fn with_index(model: &Path, tag: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    common::copy_dir(model, &dir);
+    let mut header = Vec::new();
+    let mut f = std::fs::File::open(dir.join("model.safetensors")).unwrap();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).unwrap();
+    f.take(u64::from_le_bytes(n)).read_to_end(&mut header).unwrap();
+    let names: serde_json::Map<String, Value> = serde_json::from_slice(&header).unwrap();
+    let map: serde_json::Map<String, Value> =
+        names.keys().filter(|k| *k != "__metadata__").map(|k| (k.clone(), Value::from("model.safetensors"))).collect();
+    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    dir
+}
+
+fn ours_equal_mlx_lm(model: &Path, split: Split) {
+    let name = model.file_name().unwrap().to_string_lossy().into_owned();
+    let args = generate_args(model);
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    argv.extend(split.flags());
+    let ours = tokens(&launch2(&argv, &format!("launch generate {name} ({split:?})")));
+    let theirs = mlx_lm_sharded_tokens(model, split);
+    assert!(theirs.len() >= 32, "{name}: mlx-lm generated only {} tokens", theirs.len());
+    assert_eq!(ours, theirs, "{name}: {split:?}-parallel tokens differ from mlx-lm's sharded generation");
+}
+
+/// mlx-lm's `shard` exists for llama, qwen2 and DeepSeek: the same split gives the same tokens.
+#[test]
+fn tp2_tokens_equal_mlx_lm_sharded_generation() {
+    ours_equal_mlx_lm(&common::model("llama3-f32"), Split::Tensor);
+    ours_equal_mlx_lm(&common::model("qwen2-f32"), Split::Tensor);
+    ours_equal_mlx_lm(&common::deepseek_model("dsv3-f32"), Split::Tensor);
+}
+
+/// mlx-lm pipelines qwen2 and DeepSeek (not llama) with the same layer split.
+#[test]
+fn pp2_tokens_equal_mlx_lm_sharded_generation() {
+    for (model, tag) in [(common::model("qwen2-f32"), "pp-qwen2"), (common::deepseek_model("dsv2-f32"), "pp-dsv2")] {
+        let dir = with_index(&model, tag);
+        ours_equal_mlx_lm(&dir, Split::Pipeline);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+// ---- chat and bench on 2 ranks ----
+
+/// Rank 0 reads the conversation (two turns and a slash command in between) and hands it to rank 1:
+/// the 2-rank transcript, tensor and pipeline parallel, equals the single-process one.
+#[test]
+fn chat_on_2_ranks_matches_single_process() {
+    let model = common::model("qwen2-f32");
+    let m = model.to_str().unwrap();
+    let input = b"hello there\n/system be brief\nwhat is up\n/reset\nhello there\n";
+    let args = ["--device", "cpu", "chat", "--model", m, "-m", "24", "--temp", "0"];
+    let single = common::mlx_gen(&args, Some(input));
+    assert!(single.status.success(), "{}", String::from_utf8_lossy(&single.stderr));
+    let transcript = String::from_utf8_lossy(&single.stdout).into_owned();
+    assert!(transcript.contains("System prompt set.") && transcript.contains("Conversation reset."), "{transcript}");
+    for split in [Split::Tensor, Split::Pipeline] {
+        let mut launch = vec!["launch", "--hosts", "127.0.0.1,127.0.0.1", "--timeout", "60", "--"];
+        launch.extend(args);
+        launch.extend(split.flags());
+        let sharded = common::mlx_gen(&launch, Some(input));
+        assert!(sharded.status.success(), "{split:?}: {}", String::from_utf8_lossy(&sharded.stderr));
+        assert_eq!(String::from_utf8_lossy(&sharded.stdout), transcript, "{split:?}: the 2-rank chat differs");
+    }
+}
+
+/// Every rank runs the same trials; rank 0 alone reports, once.
+#[test]
+fn bench_on_2_ranks_reports_once() {
+    let model = common::model("llama3-f32");
+    let m = model.to_str().unwrap();
+    for split in [Split::Tensor, Split::Pipeline] {
+        let mut argv = vec!["--device", "cpu", "bench", "--model", m, "-p", "32", "-g", "16", "-n", "2", "--json"];
+        argv.extend(split.flags());
+        let report = launch2(&argv, &format!("launch bench ({split:?})"));
+        assert_eq!(report["trials"].as_array().map(Vec::len), Some(2), "{report}");
+        assert!(report["median"]["generation_tps"].as_f64().unwrap() > 0.0, "{report}");
+    }
+}
+
+// ---- 2 ranks as separate hosts: network namespaces joined by a veth pair ----
+
+/// Two network namespaces joined by a veth pair (10.213.x.1 and 10.213.x.2), removed on drop.
+struct TwoHosts {
+    names: [String; 2],
+    addrs: [String; 2],
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| panic!("cannot run `ip`: {e}"));
+    assert!(
+        out.status.success(),
+        "`ip {}` failed: this test creates network namespaces and needs root (CAP_NET_ADMIN): {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TwoHosts {
+    fn new() -> TwoHosts {
+        let id = std::process::id();
+        let names = [format!("mlxg{id}a"), format!("mlxg{id}b")];
+        let (va, vb) = (format!("mg{}a", id % 1_000_000), format!("mg{}b", id % 1_000_000));
+        let net = id % 250 + 1;
+        let addrs = [format!("10.213.{net}.1"), format!("10.213.{net}.2")];
+        let hosts = TwoHosts { names: names.clone(), addrs: addrs.clone() };
+        for n in &names {
+            ip(&["netns", "add", n]);
+        }
+        ip(&["link", "add", &va, "netns", &names[0], "type", "veth", "peer", "name", &vb, "netns", &names[1]]);
+        for (n, (dev, addr)) in names.iter().zip([(&va, &addrs[0]), (&vb, &addrs[1])]) {
+            ip(&["-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            ip(&["-n", n, "link", "set", dev, "up"]);
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+        }
+        hosts
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and so the pair.
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+/// One rank inside network namespace `ns`, started by hand as the README documents.
+fn rank_in(ns: &str, r: usize, hosts: &Path, args: &[&str]) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(env!("CARGO_BIN_EXE_mlx-gen"))
+        .args(args)
+        .env("MLX_RANK", r.to_string())
+        .env("MLX_HOSTFILE", hosts)
+        .env("MLX_GEN_DISTRIBUTED", "ring")
+        .env("MLX_GEN_DIST_TIMEOUT", "60")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a rank in a network namespace")
+}
+
+/// Both ranks' results: each rank prints its own JSON line (started by hand, not through launch).
+fn run_pair(mut ranks: [Child; 2], what: &str) -> [Value; 2] {
+    let mut outs = Vec::new();
+    for (r, c) in ranks.iter_mut().enumerate() {
+        let (status, err) = wait_bounded(c, Duration::from_secs(120), &format!("{what}: rank {r}"));
+        let mut out = String::new();
+        c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        assert!(status.success(), "{what}: rank {r} failed ({status}):\n{err}");
+        outs.push(serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{what}: rank {r}: {e}: {out}")));
+    }
+    [outs.remove(0), outs.remove(0)]
+}
+
+/// The ranks reach each other only over the veth pair (each namespace has its own loopback), as two
+/// machines would: greedy tokens equal the single-process ones, tensor and pipeline parallel.
+#[test]
+fn two_hosts_in_network_namespaces_match_single_process() {
+    let net = TwoHosts::new();
+    let hosts: Vec<Vec<String>> = net.addrs.iter().map(|a| vec![format!("{a}:5530")]).collect();
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hosts-netns-{}.json", std::process::id()));
+    std::fs::write(&file, serde_json::to_string(&hosts).unwrap()).unwrap();
+    for (variant, split) in [("llama3-f32", Split::Tensor), ("qwen2-f32", Split::Pipeline)] {
+        let args = generate_args(&common::model(variant));
+        let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let single = json_of(&common::mlx_gen(&argv, None), "single-process generate");
+        argv.extend(split.flags());
+        let ranks = [rank_in(&net.names[0], 0, &file, &argv), rank_in(&net.names[1], 1, &file, &argv)];
+        let [r0, r1] = run_pair(ranks, &format!("{variant} over the veth pair ({split:?})"));
+        assert_eq!(tokens(&r0), tokens(&single), "{variant}: rank 0's tokens differ from the single-process ones");
+        assert_eq!(tokens(&r1), tokens(&single), "{variant}: rank 1's tokens differ from the single-process ones");
+    }
+    let _ = std::fs::remove_file(file);
+}
+
+// ---- memory: each rank holds about half ----
+
+/// A llama whose layers dominate its size (4 layers of hidden 256 and MLP 1024, a 512-token
+/// vocabulary: 16.8 MB of layers, 1 MB of embeddings and head), random f32 weights, with
+/// llama3-f32's tokenizer. The caller removes it.
+fn wide_model() -> PathBuf {
+    let src = common::model("llama3-f32");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("wide-llama-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let (d, ff, layers, vocab) = (256, 1024, 4, config["vocab_size"].as_i64().unwrap() as i32);
+    config["hidden_size"] = d.into();
+    config["intermediate_size"] = ff.into();
+    config["num_hidden_layers"] = layers.into();
+    config["num_attention_heads"] = 4.into();
+    config["num_key_value_heads"] = 4.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut shapes: Vec<(String, Vec<i32>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![vocab, d]),
+        ("model.norm.weight".into(), vec![d]),
+        ("lm_head.weight".into(), vec![vocab, d]),
+    ];
+    for l in 0..layers {
+        for (n, s) in [("self_attn.q_proj", [d, d]), ("self_attn.k_proj", [d, d]), ("self_attn.v_proj", [d, d]), ("self_attn.o_proj", [d, d])]
+            .into_iter()
+            .chain([("mlp.gate_proj", [ff, d]), ("mlp.up_proj", [ff, d]), ("mlp.down_proj", [d, ff])])
+        {
+            shapes.push((format!("model.layers.{l}.{n}.weight"), s.to_vec()));
+        }
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            shapes.push((format!("model.layers.{l}.{n}.weight"), vec![d]));
+        }
+    }
+    // Norms 1, matrices uniform in [-0.06, 0.06), each from its own key.
+    let tensors: Vec<(String, mlx::Array)> = shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, s))| {
+            let a = if s.len() == 1 {
+                mlx::ops::full(&s, 1.0, mlx::Dtype::F32).unwrap()
+            } else {
+                let key = mlx::random::key(i as u64).unwrap();
+                mlx::random::uniform_with_key(&s, mlx::Dtype::F32, &key).unwrap().sub_scalar(0.5).unwrap().mul_scalar(0.12).unwrap()
+            };
+            (n, a)
+        })
+        .collect();
+    let refs: Vec<(&str, &mlx::Array)> = tensors.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    mlx::io::save_safetensors(&dir.join("model.safetensors"), &refs, &[("format", "mlx")]).unwrap();
+    dir
+}
+
+/// Each rank's peak memory (weights resident plus the run's activations and cache) against the
+/// single process's, for 2-way tensor and pipeline parallel: close to half, since the layers make up
+/// 94% of the model and only the embeddings and head are kept whole on every rank. A pipeline
+/// rank's peak also shows that it never read the other stage's tensors (they would be resident).
+#[test]
+fn per_rank_peak_memory_is_about_half() {
+    let dir = wide_model();
+    let args = generate_args(&dir);
+    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let single = json_of(&common::mlx_gen(&argv, None), "single-process generate");
+    let whole = single["peak_memory_gb"].as_f64().unwrap() * 1e3;
+    argv.push("--pipeline");
+    for split in [Split::Tensor, Split::Pipeline] {
+        let argv = if split == Split::Pipeline { &argv[..] } else { &argv[..argv.len() - 1] };
+        let hosts = hostfile(2, "mem");
+        let [r0, r1] = run_pair([rank(0, &hosts, 60, argv), rank(1, &hosts, 60, argv)], &format!("wide model ({split:?})"));
+        let _ = std::fs::remove_file(hosts);
+        assert_eq!(tokens(&r0), tokens(&single), "{split:?}: tokens differ from the single-process ones");
+        let peaks = [r0["peak_memory_gb"].as_f64().unwrap() * 1e3, r1["peak_memory_gb"].as_f64().unwrap() * 1e3];
+        eprintln!(
+            "wide model peak memory: single {whole:.2} MB; {split:?} 2-way: rank 0 {:.2} MB ({:.0}%), rank 1 {:.2} MB ({:.0}%)",
+            peaks[0],
+            100.0 * peaks[0] / whole,
+            peaks[1],
+            100.0 * peaks[1] / whole
+        );
+        for (r, p) in peaks.iter().enumerate() {
+            assert!(*p < 0.62 * whole && *p > 0.4 * whole, "{split:?}: rank {r} peak {p:.2} MB is not about half of {whole:.2} MB");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,6 +3,7 @@
 //! Everything runs on one thread that owns the MLX arrays.
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod cache;
 pub mod convert;
 pub mod default_model;
@@ -13,6 +14,7 @@ pub mod gguf;
 pub mod hub;
 mod load;
 pub mod models;
+pub mod pipeline;
 pub mod nn;
 pub mod sample;
 pub mod shard;
@@ -22,6 +24,6 @@ pub mod weights;
 
 pub use error::{EngineError, Result};
 pub use generate::{GenerateConfig, Generated, Generator};
-pub use load::LoadedModel;
+pub use load::{LoadedModel, Parallel};
 pub use sample::SamplerConfig;
 pub use speculative::{Draft, SpecStats, SpecToken, SpeculativeConfig, SpeculativeGenerator};

@@ -1,11 +1,22 @@
 //! Loading a model folder: config.json, weights, tokenizer and the EOS ids mlx-lm would use.
 use crate::error::{EngineError, Result};
 use crate::models::{self, Model};
+use crate::pipeline::Stage;
 use crate::tokenizer::Tokenizer;
 use crate::weights::Weights;
+use mlx::distributed::Group;
 use mlx::Array;
 use std::fs;
 use std::path::{Path, PathBuf};
+
+/// How a model is split over the ranks of a group, as mlx-lm's `sharded_load` offers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parallel {
+    /// Every layer on every rank, each holding a slice of the heads and hidden units.
+    Tensor,
+    /// Contiguous ranges of layers, one per rank, activations passed along ([`crate::pipeline`]).
+    Pipeline,
+}
 
 pub struct LoadedModel {
     pub model: Box<dyn Model>,
@@ -37,11 +48,16 @@ impl LoadedModel {
 
     /// Loads the model for tensor parallel over `group` (a group of one loads it whole): every
     /// rank keeps its slice of each attention and MLP projection (see [`crate::shard`]).
-    pub fn load_sharded(dir: &Path, group: &mlx::distributed::Group) -> Result<LoadedModel> {
-        Self::load_with(dir, Some(group))
+    pub fn load_sharded(dir: &Path, group: &Group) -> Result<LoadedModel> {
+        Self::load_with(dir, Some((group, Parallel::Tensor)))
     }
 
-    fn load_with(dir: &Path, group: Option<&mlx::distributed::Group>) -> Result<LoadedModel> {
+    /// Loads this rank's part of the model for `how` over `group` (a group of one loads it whole).
+    pub fn load_parallel(dir: &Path, group: &Group, how: Parallel) -> Result<LoadedModel> {
+        Self::load_with(dir, Some((group, how)))
+    }
+
+    fn load_with(dir: &Path, group: Option<(&Group, Parallel)>) -> Result<LoadedModel> {
         if !dir.is_dir() {
             return Err(EngineError::NoModelDir(dir.to_owned()));
         }
@@ -64,14 +80,35 @@ impl LoadedModel {
         }
         // The tokenizer first: it is cheap and its errors are common.
         let tokenizer = Tokenizer::from_dir(dir)?;
-        let weights = Weights::load_dir(dir)?;
+        let mut weights = Weights::load_dir(dir)?;
+        let group = group.filter(|(g, _)| g.size() > 1);
+        // A pipeline stage takes only its layers' tensors: the others are never read.
+        let stage = match group {
+            Some((g, Parallel::Pipeline)) => {
+                let total = config.get("num_hidden_layers").and_then(|n| n.as_i64()).and_then(|n| i32::try_from(n).ok());
+                let total = total.ok_or_else(|| EngineError::Config("pipeline parallel needs num_hidden_layers".into()))?;
+                let stage = Stage::new(g, total)?;
+                weights.keep_layers(stage.layers(), total);
+                Some(stage)
+            }
+            _ => None,
+        };
         let mut model = models::build(&config, weights)?;
+        if let Some(stage) = stage {
+            model.pipeline(stage)?;
+        }
         // Sharded before the weights are read: only the slices are kept (as mlx-lm's `shard`).
-        if let Some(g) = group.filter(|g| g.size() > 1) {
+        if let Some((g, Parallel::Tensor)) = group {
             model.shard(g)?;
         }
-        // Read every weight now, as mlx-lm's load does, so that load time is load time.
-        mlx::eval(&model.parameters())?;
+        // Read every weight now, as mlx-lm's load does, so that load time is load time. A tensor-
+        // parallel rank reads each whole tensor to keep its slice: a few at a time, so that the
+        // whole ones are freed as it goes and its peak stays near its share, not the whole model.
+        let params = model.parameters();
+        let batch = if matches!(group, Some((_, Parallel::Tensor))) { 8 } else { params.len().max(1) };
+        for chunk in params.chunks(batch) {
+            mlx::eval(chunk)?;
+        }
         let mut eos_token_ids = ids_of(config.get("eos_token_id"));
         for id in tokenizer.eos_token_ids() {
             if !eos_token_ids.contains(&id) {

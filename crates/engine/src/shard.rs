@@ -53,8 +53,13 @@ pub(crate) fn rows(a: &Array, segments: &[i32], rank: i32, size: i32) -> Result<
 
 /// This rank's block of the last axis of `a` (a sharded-to-all layer's inputs).
 pub(crate) fn cols(a: &Array, rank: i32, size: i32) -> Result<Array> {
-    let part = check_divides("a projection's input size (in stored columns)", a.dim(-1), size)?;
-    Ok(a.slice_axis(-1, rank * part, (rank + 1) * part)?.contiguous()?)
+    block(a, -1, rank, size)
+}
+
+/// This rank's block of axis `axis` of `a`, copied (stacked experts' rows: axis -2; heads: 0).
+pub(crate) fn block(a: &Array, axis: i32, rank: i32, size: i32) -> Result<Array> {
+    let part = check_divides(&format!("axis {axis} of a sharded weight"), a.dim(axis), size)?;
+    Ok(a.slice_axis(axis, rank * part, (rank + 1) * part)?.contiguous()?)
 }
 
 #[cfg(test)]

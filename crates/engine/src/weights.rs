@@ -5,6 +5,7 @@ use mlx::Array;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// All tensors of a checkpoint not yet taken by the model, and the names of those taken. A taken
@@ -13,11 +14,36 @@ use std::path::{Path, PathBuf};
 pub struct Weights {
     tensors: RefCell<HashMap<String, Array>>,
     taken: RefCell<BTreeSet<String>>,
+    /// A pipeline stage's layers: the only ones the model loads (see [`Weights::keep_layers`]).
+    layers: Option<Range<i32>>,
 }
 
 impl Weights {
     pub fn from_map(tensors: HashMap<String, Array>) -> Self {
-        Weights { tensors: RefCell::new(tensors), taken: RefCell::new(BTreeSet::new()) }
+        Weights { tensors: RefCell::new(tensors), taken: RefCell::new(BTreeSet::new()), layers: None }
+    }
+
+    /// Restricts loading to the layers `keep` of a model of `total` layers (a pipeline stage): the
+    /// tensors of its other layers (named `...layers.N....`, as mlx-lm matches them, N < `total`)
+    /// leave the checkpoint unread, so that strict loading accepts them while still naming any
+    /// tensor that belongs to no layer of the model. MLX reads a safetensors tensor only when it is
+    /// evaluated, so a dropped tensor is never read from the file.
+    pub fn keep_layers(&mut self, keep: Range<i32>, total: i32) {
+        self.tensors.get_mut().retain(|name, _| match layer_of(name) {
+            Some(n) if n < i64::from(total) => n >= i64::from(keep.start) && n < i64::from(keep.end),
+            _ => true,
+        });
+        self.layers = Some(keep);
+    }
+
+    /// Whether the model loads layer `i` (every layer unless [`Weights::keep_layers`] was called).
+    pub fn loads_layer(&self, i: i32) -> bool {
+        self.layers.as_ref().is_none_or(|r| r.contains(&i))
+    }
+
+    /// The index of the first layer the model loads.
+    pub fn first_layer(&self) -> i32 {
+        self.layers.as_ref().map_or(0, |r| r.start)
     }
 
     /// Reads `model*.safetensors` in `dir` (the files an index names, or all that match).
@@ -41,6 +67,13 @@ impl Weights {
     /// Whether the checkpoint has (or had, before the model took it) this tensor.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.borrow().contains_key(name) || self.taken.borrow().contains(name)
+    }
+
+    /// The names of the tensors not taken yet, sorted (for `sanitize` passes over the checkpoint).
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.tensors.borrow().keys().cloned().collect();
+        v.sort_unstable();
+        v
     }
 
     /// The shape of a tensor not taken yet.
@@ -136,6 +169,22 @@ impl<'a> Vb<'a> {
     }
 }
 
+/// N in a tensor name holding `layers.N.` at its start or after a dot (mlx-lm's
+/// `(?:^|\.)layers\.(\d+)\.`).
+fn layer_of(name: &str) -> Option<i64> {
+    // `rest` always starts the name or follows a dot.
+    let mut rest = name;
+    loop {
+        if let Some(tail) = rest.strip_prefix("layers.") {
+            let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+            if digits > 0 && tail.as_bytes().get(digits) == Some(&b'.') {
+                return tail[..digits].parse().ok();
+            }
+        }
+        rest = &rest[rest.find('.')? + 1..];
+    }
+}
+
 /// The safetensors files of a model folder, in a stable order.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
@@ -199,4 +248,26 @@ fn check_safetensors(path: &Path) -> Result<()> {
         return Err(bad(&format!("truncated: {} bytes of tensor data announced, {} present", end, len - 8 - header_len)));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_layers_drops_only_other_layers_of_the_model() {
+        let a = || Array::from_slice(&[0.0f32], &[1]).unwrap();
+        let names = ["model.layers.0.mlp.w", "model.layers.1.mlp.w", "model.layers.2.mlp.w", "model.layers.61.x", "model.norm.weight", "model.xlayers.0.y"];
+        let mut w = Weights::from_map(names.iter().map(|n| (n.to_string(), a())).collect());
+        w.keep_layers(1..2, 3);
+        let mut left: Vec<String> = w.tensors.borrow().keys().cloned().collect();
+        left.sort();
+        // Layer 61 is past the model's 3 layers (a multi-token-prediction layer): not ours to drop.
+        assert_eq!(left, ["model.layers.1.mlp.w", "model.layers.61.x", "model.norm.weight", "model.xlayers.0.y"]);
+        assert!(w.loads_layer(1) && !w.loads_layer(0) && !w.loads_layer(2));
+        assert_eq!(w.first_layer(), 1);
+        assert_eq!(layer_of("layers.12.a"), Some(12));
+        assert_eq!(layer_of("model.layers.x.a"), None);
+        assert_eq!(layer_of("model.layers.3"), None);
+    }
 }

@@ -121,6 +121,14 @@ int mlxs_set_default_device(int gpu) {
   return guard([&] { mx::set_default_device(gpu ? mx::Device::gpu : mx::Device::cpu); });
 }
 
+int mlxs_default_device_is_gpu(void) {
+  try {
+    return mx::default_device() == mx::Device::gpu ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
 int mlxs_synchronize(void) {
   return guard([&] { mx::synchronize(); });
 }
@@ -293,6 +301,25 @@ int mlxs_where(mlxs_array* out, const mlxs_array cond, const mlxs_array x, const
 
 int mlxs_astype(mlxs_array* out, const mlxs_array a, int dtype) {
   return guard([&] { *out = wrap(mx::astype(arr(a), dtype_of(dtype))); });
+}
+
+int mlxs_from_fp8(mlxs_array* out, const mlxs_array a, int dtype) {
+  return guard([&] { *out = wrap(mx::from_fp8(arr(a), dtype_of(dtype))); });
+}
+
+int mlxs_view(mlxs_array* out, const mlxs_array a, int dtype) {
+  return guard([&] { *out = wrap(mx::view(arr(a), dtype_of(dtype))); });
+}
+
+int mlxs_pad(mlxs_array* out, const mlxs_array a, const int32_t* low, const int32_t* high, int n,
+             const mlxs_array value) {
+  return guard([&] {
+    std::vector<std::pair<int, int>> widths;
+    for (int i = 0; i < n; ++i) {
+      widths.emplace_back(low[i], high[i]);
+    }
+    *out = wrap(mx::pad(arr(a), widths, arr(value), "constant"));
+  });
 }
 
 int mlxs_matmul(mlxs_array* out, const mlxs_array a, const mlxs_array b) {
@@ -490,6 +517,17 @@ int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, in
   });
 }
 
+int mlxs_rope_rows(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base,
+                   float scale, const mlxs_array offsets, const mlxs_array freqs) {
+  return guard([&] {
+    std::optional<float> b;
+    if (has_base) {
+      b = base;
+    }
+    *out = wrap(mx::fast::rope(arr(x), dims, traditional != 0, b, scale, arr(offsets), opt(freqs)));
+  });
+}
+
 int mlxs_sdpa(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,
               const char* mask_mode, const mlxs_array mask, const mlxs_array sinks) {
   return guard([&] {
@@ -500,6 +538,18 @@ int mlxs_sdpa(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlx
 
 int mlxs_random_seed(uint64_t seed) {
   return guard([&] { mx::random::seed(seed); });
+}
+
+int mlxs_random_key(mlxs_array* out, uint64_t seed) {
+  return guard([&] { *out = wrap(mx::random::key(seed)); });
+}
+
+int mlxs_random_split(mlxs_array* first, mlxs_array* second, const mlxs_array key) {
+  return guard([&] {
+    auto [a, b] = mx::random::split(arr(key));
+    *first = wrap(std::move(a));
+    *second = wrap(std::move(b));
+  });
 }
 
 int mlxs_random_categorical(mlxs_array* out, const mlxs_array logits, int axis, const mlxs_array key) {

@@ -24,6 +24,7 @@ int mlxs_set_default_device(int gpu);
 int mlxs_device_name(char* buf, size_t len);
 int mlxs_new_default_stream(void);
 int mlxs_synchronize(void);
+int mlxs_default_device_is_gpu(void);
 
 /* array lifecycle and host access */
 void mlxs_array_free(mlxs_array a);
@@ -44,6 +45,10 @@ int mlxs_unary(mlxs_array* out, int op, const mlxs_array a);
 int mlxs_binary(mlxs_array* out, int op, const mlxs_array a, const mlxs_array b);
 int mlxs_where(mlxs_array* out, const mlxs_array cond, const mlxs_array x, const mlxs_array y);
 int mlxs_astype(mlxs_array* out, const mlxs_array a, int dtype);
+int mlxs_from_fp8(mlxs_array* out, const mlxs_array a, int dtype);
+int mlxs_view(mlxs_array* out, const mlxs_array a, int dtype);
+int mlxs_pad(mlxs_array* out, const mlxs_array a, const int32_t* low, const int32_t* high, int n,
+             const mlxs_array value);
 
 /* linear algebra */
 int mlxs_matmul(mlxs_array* out, const mlxs_array a, const mlxs_array b);
@@ -88,11 +93,16 @@ int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, 
 int mlxs_layer_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, const mlxs_array bias, float eps);
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,
               int offset, const mlxs_array freqs);
+/* rope at one offset per batch row: offsets (B,) int32 */
+int mlxs_rope_rows(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base,
+                   float scale, const mlxs_array offsets, const mlxs_array freqs);
 int mlxs_sdpa(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,
               const char* mask_mode, const mlxs_array mask, const mlxs_array sinks);
 
 /* random */
 int mlxs_random_seed(uint64_t seed);
+int mlxs_random_key(mlxs_array* out, uint64_t seed);
+int mlxs_random_split(mlxs_array* first, mlxs_array* second, const mlxs_array key);
 int mlxs_random_categorical(mlxs_array* out, const mlxs_array logits, int axis, const mlxs_array key);
 int mlxs_random_uniform(mlxs_array* out, const int32_t* shape, int ndim, int dtype, const mlxs_array key);
 int mlxs_random_randint(mlxs_array* out, int64_t low, int64_t high, const int32_t* shape, int ndim, int dtype,

@@ -28,6 +28,7 @@ extern "C" {
     pub fn mlxs_device_name(buf: *mut c_char, len: usize) -> c_int;
     pub fn mlxs_new_default_stream() -> c_int;
     pub fn mlxs_synchronize() -> c_int;
+    pub fn mlxs_default_device_is_gpu() -> c_int;
 
     pub fn mlxs_array_free(a: mlxs_array);
     pub fn mlxs_array_clone(out: *mut mlxs_array, a: mlxs_array) -> c_int;
@@ -52,6 +53,16 @@ extern "C" {
     pub fn mlxs_binary(out: *mut mlxs_array, op: c_int, a: mlxs_array, b: mlxs_array) -> c_int;
     pub fn mlxs_where(out: *mut mlxs_array, cond: mlxs_array, x: mlxs_array, y: mlxs_array) -> c_int;
     pub fn mlxs_astype(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
+    pub fn mlxs_from_fp8(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
+    pub fn mlxs_view(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
+    pub fn mlxs_pad(
+        out: *mut mlxs_array,
+        a: mlxs_array,
+        low: *const i32,
+        high: *const i32,
+        n: c_int,
+        value: mlxs_array,
+    ) -> c_int;
 
     pub fn mlxs_matmul(out: *mut mlxs_array, a: mlxs_array, b: mlxs_array) -> c_int;
     pub fn mlxs_addmm(
@@ -170,6 +181,17 @@ extern "C" {
         offset: c_int,
         freqs: mlxs_array,
     ) -> c_int;
+    pub fn mlxs_rope_rows(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        dims: c_int,
+        traditional: c_int,
+        has_base: c_int,
+        base: c_float,
+        scale: c_float,
+        offsets: mlxs_array,
+        freqs: mlxs_array,
+    ) -> c_int;
     pub fn mlxs_sdpa(
         out: *mut mlxs_array,
         q: mlxs_array,
@@ -182,6 +204,8 @@ extern "C" {
     ) -> c_int;
 
     pub fn mlxs_random_seed(seed: u64) -> c_int;
+    pub fn mlxs_random_key(out: *mut mlxs_array, seed: u64) -> c_int;
+    pub fn mlxs_random_split(first: *mut mlxs_array, second: *mut mlxs_array, key: mlxs_array) -> c_int;
     pub fn mlxs_random_categorical(out: *mut mlxs_array, logits: mlxs_array, axis: c_int, key: mlxs_array) -> c_int;
     pub fn mlxs_random_uniform(
         out: *mut mlxs_array,

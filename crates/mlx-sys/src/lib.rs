@@ -101,6 +101,12 @@ pub fn set_default_device(gpu: bool) -> Result<()> {
     check(unsafe { ffi::mlxs_set_default_device(c_int::from(gpu)) })
 }
 
+/// Whether the default device is the GPU (false for the CPU).
+pub fn default_device_is_gpu() -> bool {
+    // SAFETY: no arguments; the shim catches every exception.
+    unsafe { ffi::mlxs_default_device_is_gpu() != 0 }
+}
+
 /// Makes a fresh stream on the default device the default stream (mlx-lm's `generation_stream`).
 pub fn new_default_stream() -> Result<()> {
     check(unsafe { ffi::mlxs_new_default_stream() })
@@ -239,6 +245,24 @@ pub fn where_(cond: &Handle, x: &Handle, y: &Handle) -> Result<Handle> {
 
 pub fn astype(a: &Handle, dtype: i32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_astype(o, a.raw(), dtype) })
+}
+
+/// Reads uint8 `a` as float8 e4m3 values, converted to `dtype` (`mx.from_fp8`).
+pub fn from_fp8(a: &Handle, dtype: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_from_fp8(o, a.raw(), dtype) })
+}
+
+/// The same bytes read as `dtype` (`mx.view`).
+pub fn view(a: &Handle, dtype: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_view(o, a.raw(), dtype) })
+}
+
+/// Pads axis i with `low[i]` and `high[i]` copies of the scalar `value` (`mx.pad`, constant mode).
+pub fn pad(a: &Handle, low: &[i32], high: &[i32], value: &Handle) -> Result<Handle> {
+    if low.len() != high.len() {
+        return Err(format!("pad: {} low widths but {} high widths", low.len(), high.len()));
+    }
+    make(|o| unsafe { ffi::mlxs_pad(o, a.raw(), low.as_ptr(), high.as_ptr(), len_i32(low.len()), value.raw()) })
 }
 
 pub fn matmul(a: &Handle, b: &Handle) -> Result<Handle> {
@@ -406,6 +430,31 @@ pub fn layer_norm(x: &Handle, weight: Option<&Handle>, bias: Option<&Handle>, ep
     make(|o| unsafe { ffi::mlxs_layer_norm(o, x.raw(), opt(weight), opt(bias), eps) })
 }
 
+#[allow(clippy::too_many_arguments)]
+pub fn rope_rows(
+    x: &Handle,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offsets: &Handle,
+    freqs: Option<&Handle>,
+) -> Result<Handle> {
+    make(|o| unsafe {
+        ffi::mlxs_rope_rows(
+            o,
+            x.raw(),
+            dims,
+            c_int::from(traditional),
+            c_int::from(base.is_some()),
+            base.unwrap_or(0.0),
+            scale,
+            offsets.raw(),
+            opt(freqs),
+        )
+    })
+}
+
 pub fn rope(
     x: &Handle,
     dims: i32,
@@ -445,6 +494,18 @@ pub fn sdpa(
 
 pub fn random_seed(seed: u64) -> Result<()> {
     check(unsafe { ffi::mlxs_random_seed(seed) })
+}
+
+pub fn random_key(seed: u64) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_random_key(o, seed) })
+}
+
+/// `mx.random.split(key)`: two new keys.
+pub fn random_split(key: &Handle) -> Result<(Handle, Handle)> {
+    let mut b: ffi::mlxs_array = ptr::null_mut();
+    let a = make(|o| unsafe { ffi::mlxs_random_split(o, &mut b, key.raw()) })?;
+    let b = NonNull::new(b).map(Handle).ok_or_else(|| "MLX returned no array".to_owned())?;
+    Ok((a, b))
 }
 
 pub fn random_categorical(logits: &Handle, axis: i32, key: Option<&Handle>) -> Result<Handle> {

@@ -36,6 +36,21 @@ pub fn rope(
         .map(Array::from_handle)
 }
 
+/// [`rope`] with one position offset per batch row: `offsets` (B,) int32 for `x` (B, ..., seq, head_dim).
+#[track_caller]
+pub fn rope_rows(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offsets: &Array,
+    freqs: Option<&Array>,
+) -> Result<Array> {
+    ctx("rope", sys::rope_rows(x.handle(), dims, traditional, base, scale, offsets.handle(), freqs.map(Array::handle)))
+        .map(Array::from_handle)
+}
+
 /// The attention mask argument of [`sdpa`].
 #[derive(Clone, Debug)]
 pub enum Mask<'a> {

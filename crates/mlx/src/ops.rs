@@ -86,6 +86,28 @@ impl Array {
         ctx("astype", sys::astype(self.handle(), dtype.code())).map(Array::from_handle)
     }
 
+    /// This uint8 array's bytes as float8 e4m3 values, converted to `dtype` (`mx.from_fp8`;
+    /// safetensors' `F8_E4M3` tensors load as uint8).
+    #[track_caller]
+    pub fn from_fp8(&self, dtype: Dtype) -> Result<Array> {
+        ctx("from_fp8", sys::from_fp8(self.handle(), dtype.code())).map(Array::from_handle)
+    }
+
+    /// The same bytes read as `dtype`, as `mx.view` (the last axis scales by the size ratio).
+    #[track_caller]
+    pub fn view(&self, dtype: Dtype) -> Result<Array> {
+        ctx("view", sys::view(self.handle(), dtype.code())).map(Array::from_handle)
+    }
+
+    /// `mx.pad(a, widths, value)`: `(before, after)` copies of `value` (in this array's dtype) on
+    /// each axis, in axis order.
+    #[track_caller]
+    pub fn pad(&self, widths: &[(i32, i32)], value: f64) -> Result<Array> {
+        let (low, high): (Vec<i32>, Vec<i32>) = widths.iter().copied().unzip();
+        let v = Array::scalar(value, self.dtype())?;
+        ctx("pad", sys::pad(self.handle(), &low, &high, v.handle())).map(Array::from_handle)
+    }
+
     /// `x * sigmoid(x)`, as `mlx.nn.silu`.
     #[track_caller]
     pub fn silu(&self) -> Result<Array> {

@@ -39,6 +39,15 @@ pub fn set_default_device(device: Device) -> Result<()> {
     ctx("set device", mlx_sys::set_default_device(device == Device::Gpu))
 }
 
+/// The device following operations run on by default.
+pub fn default_device() -> Device {
+    if mlx_sys::default_device_is_gpu() {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    }
+}
+
 /// Sends all following work to a new stream of the default device, as mlx-lm's generation stream.
 #[track_caller]
 pub fn use_new_stream() -> Result<()> {

@@ -145,7 +145,7 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         Some(Value::String(m)) => {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
-                message: format!("the model '{m}' does not exist; this server serves '{served}'"),
+                message: format!("the model '{}' does not exist; this server serves '{served}'", clip(m)),
                 param: Some("model".into()),
                 code: Some("model_not_found"),
             })
@@ -173,6 +173,7 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         Some(Value::Object(o)) => Fields(o).bool("include_usage").map_err(|_| ApiError::bad("stream_options", "'stream_options.include_usage' must be a boolean"))?.unwrap_or(false),
         Some(v) => return Err(ApiError::bad("stream_options", format!("'stream_options' must be an object, got {}", type_name(v)))),
     };
+    ignored_fields(&f)?;
     if !chat && f.bool("echo")? == Some(true) {
         return Err(ApiError::bad("echo", "'echo' is not supported"));
     }
@@ -199,7 +200,8 @@ fn chat_prompt(f: &Fields) -> Result<Prompt, ApiError> {
     if list.is_empty() {
         return Err(ApiError::bad("messages", "'messages' must not be empty"));
     }
-    for (i, m) in list.iter().enumerate() {
+    let mut messages = list.clone();
+    for (i, m) in messages.iter_mut().enumerate() {
         let Value::Object(o) = m else {
             return Err(ApiError::bad(&format!("messages[{i}]"), format!("each message must be an object, got {}", type_name(m))));
         };
@@ -207,15 +209,109 @@ fn chat_prompt(f: &Fields) -> Result<Prompt, ApiError> {
             Some(Value::String(r)) if !r.is_empty() => {}
             _ => return Err(ApiError::bad(&format!("messages[{i}].role"), "each message needs a 'role' string")),
         }
-        match o.get("content") {
-            None | Some(Value::Null | Value::String(_)) => {}
-            Some(Value::Array(parts)) if parts.iter().all(|p| p.is_object() || p.is_string()) => {}
+        // As mlx_lm.server: the template sees a string; text parts are joined, no content is "".
+        let content = match o.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => text_parts(parts, i)?,
             Some(v) => {
                 return Err(ApiError::bad(&format!("messages[{i}].content"), format!("'content' must be a string or an array of parts, got {}", type_name(v))))
             }
+        };
+        o.insert("content".into(), Value::String(content));
+    }
+    Ok(Prompt::Chat(Value::Array(messages)))
+}
+
+/// The text of a message's content parts, joined; only `{"type": "text", "text": "..."}` parts
+/// are accepted (the models served are text-only).
+fn text_parts(parts: &[Value], i: usize) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, p) in parts.iter().enumerate() {
+        match (p.get("type").and_then(Value::as_str), p.get("text")) {
+            (Some("text"), Some(Value::String(t))) => text.push_str(t),
+            (Some("text"), _) => return Err(ApiError::bad(&format!("messages[{i}].content[{j}].text"), "a text part needs a 'text' string")),
+            (Some(kind), _) => {
+                return Err(ApiError::bad(&format!("messages[{i}].content[{j}]"), format!("only 'text' content parts are supported, got '{}'", clip(kind))))
+            }
+            (None, _) => return Err(ApiError::bad(&format!("messages[{i}].content[{j}]"), "each content part must be an object with a 'type'")),
         }
     }
-    Ok(Prompt::Chat(messages.clone()))
+    Ok(text)
+}
+
+/// At most 64 characters of a string taken from the request, for error messages.
+pub fn clip(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
+/// OpenAI request fields this server accepts but does not use: checked for their type only, so
+/// that a malformed request is refused rather than silently half-read.
+const IGNORED_FIELDS: &[(&str, &[Kind])] = &[
+    ("user", &[Kind::String]),
+    ("response_format", &[Kind::Object]),
+    ("tools", &[Kind::Array]),
+    ("tool_choice", &[Kind::String, Kind::Object]),
+    ("parallel_tool_calls", &[Kind::Bool]),
+    ("functions", &[Kind::Array]),
+    ("function_call", &[Kind::String, Kind::Object]),
+    ("metadata", &[Kind::Object]),
+    ("store", &[Kind::Bool]),
+    ("service_tier", &[Kind::String]),
+    ("modalities", &[Kind::Array]),
+    ("reasoning_effort", &[Kind::String]),
+    ("prediction", &[Kind::Object]),
+    ("audio", &[Kind::Object]),
+    ("web_search_options", &[Kind::Object]),
+    ("chat_template_kwargs", &[Kind::Object]),
+    ("suffix", &[Kind::String]),
+    ("best_of", &[Kind::Integer]),
+];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    String,
+    Object,
+    Array,
+    Bool,
+    Integer,
+}
+
+impl Kind {
+    fn of(v: &Value) -> Option<Kind> {
+        match v {
+            Value::String(_) => Some(Kind::String),
+            Value::Object(_) => Some(Kind::Object),
+            Value::Array(_) => Some(Kind::Array),
+            Value::Bool(_) => Some(Kind::Bool),
+            Value::Number(n) if n.is_i64() || n.is_u64() => Some(Kind::Integer),
+            _ => None,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Kind::String => "a string",
+            Kind::Object => "an object",
+            Kind::Array => "an array",
+            Kind::Bool => "a boolean",
+            Kind::Integer => "an integer",
+        }
+    }
+}
+
+fn ignored_fields(f: &Fields) -> Result<(), ApiError> {
+    for (k, kinds) in IGNORED_FIELDS {
+        if let Some(v) = f.get(k) {
+            if !Kind::of(v).is_some_and(|kind| kinds.contains(&kind)) {
+                let want: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+                return Err(ApiError::bad(k, format!("'{k}' must be {}, got {}", want.join(" or "), type_name(v))));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn text_prompt(f: &Fields) -> Result<Prompt, ApiError> {
@@ -249,9 +345,9 @@ fn sampler(f: &Fields) -> Result<SamplerConfig, ApiError> {
         None => {}
         Some(Value::Object(o)) => {
             for (k, v) in o {
-                let id: u32 = k.trim().parse().map_err(|_| ApiError::bad("logit_bias", format!("'logit_bias' keys must be token ids, got {k:?}")))?;
+                let id: u32 = k.trim().parse().map_err(|_| ApiError::bad("logit_bias", format!("'logit_bias' keys must be token ids, got {:?}", clip(k))))?;
                 let b = v.as_f64().filter(|b| (-100.0..=100.0).contains(b));
-                let b = b.ok_or_else(|| ApiError::bad("logit_bias", format!("'logit_bias' values must be numbers in [-100, 100], got {v} for {k}")))?;
+                let b = b.ok_or_else(|| ApiError::bad("logit_bias", format!("'logit_bias' values must be numbers in [-100, 100], got {} for {}", clip(&v.to_string()), clip(k))))?;
                 logit_bias.push((id, b));
             }
         }
@@ -312,6 +408,25 @@ mod tests {
         assert_eq!(err(r#"{"prompt":5}"#, false).param.as_deref(), Some("prompt"));
         assert_eq!(err("[1", false).code, Some("invalid_json"));
         assert_eq!(err(r#"{"prompt":"x","model":"other"}"#, false).status, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn content_parts_are_joined_and_ignored_fields_typed() {
+        let r = parse(br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}"#, true, "m").expect("valid");
+        let Prompt::Chat(m) = r.prompt else { panic!("not chat") };
+        assert_eq!(m, json!([{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}]));
+        for (param, body) in [
+            ("messages[0].content[0]", r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}"#),
+            ("messages[0].content[1]", r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},"b"]}]}"#),
+            ("messages[0].content[0].text", r#"{"messages":[{"role":"user","content":[{"type":"text","text":{"x":1}}]}]}"#),
+            ("tools", r#"{"messages":[{"role":"user","content":"x"}],"tools":5}"#),
+            ("user", r#"{"messages":[{"role":"user","content":"x"}],"user":7}"#),
+            ("response_format", r#"{"messages":[{"role":"user","content":"x"}],"response_format":"json"}"#),
+        ] {
+            assert_eq!(err(body, true).param.as_deref(), Some(param), "{body}");
+        }
+        assert_eq!(err(r#"{"prompt":"x","best_of":1.5}"#, false).param.as_deref(), Some("best_of"));
+        assert!(parse(br#"{"prompt":"x","user":"u","tools":null,"suffix":"","best_of":1}"#, false, "m").is_ok());
     }
 
     #[test]

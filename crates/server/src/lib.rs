@@ -22,6 +22,9 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// Request bodies larger than this are refused (413).
     pub max_body_bytes: usize,
+    /// Requests waiting for the engine at most; more are refused (503 with Retry-After).
+    pub max_queue: usize,
+    pub batch: worker::BatchOptions,
 }
 
 /// Serves `loaded` until Ctrl-C (or SIGTERM), then lets running requests finish and returns.
@@ -29,7 +32,7 @@ pub fn serve(loaded: LoadedModel, options: ServeOptions) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone()).context("cannot start the engine thread")?;
+    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone()).context("cannot start the engine thread")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -45,6 +45,11 @@ struct Inner {
     itl: Histogram,
     queued: i64,
     running: i64,
+    sequences: usize,
+    kv_blocks: usize,
+    prefix_blocks: usize,
+    prefix_hits: u64,
+    prefix_tokens: u64,
 }
 
 /// Shared by the HTTP handlers and the engine thread.
@@ -60,6 +65,11 @@ impl Default for Metrics {
             itl: Histogram::new(ITL_BUCKETS),
             queued: 0,
             running: 0,
+            sequences: 0,
+            kv_blocks: 0,
+            prefix_blocks: 0,
+            prefix_hits: 0,
+            prefix_tokens: 0,
         }))
     }
 }
@@ -96,6 +106,30 @@ impl Metrics {
         });
     }
 
+    /// A request started with `cached` prompt tokens taken from the prefix cache.
+    pub fn prefix(&self, cached: usize) {
+        self.with(|m| {
+            if cached > 0 {
+                m.prefix_hits += 1;
+                m.prefix_tokens += cached as u64;
+            }
+        });
+    }
+    /// The running batch: sequences in it, KV blocks they reserve, blocks the prefix cache holds.
+    pub fn batch(&self, sequences: usize, kv_blocks: usize, prefix_blocks: usize) {
+        self.with(|m| {
+            m.sequences = sequences;
+            m.kv_blocks = kv_blocks;
+            m.prefix_blocks = prefix_blocks;
+        });
+    }
+    /// Requests waiting for the engine.
+    pub fn queued(&self) -> i64 {
+        let mut q = 0;
+        self.with(|m| q = m.queued);
+        q
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -110,6 +144,11 @@ impl Metrics {
             m.itl.render("mlxgen_inter_token_latency_seconds", "Time between consecutive tokens of a sequence.", &mut out);
             let _ = writeln!(out, "# HELP mlxgen_queue_depth Requests waiting for the engine.\n# TYPE mlxgen_queue_depth gauge\nmlxgen_queue_depth {}", m.queued);
             let _ = writeln!(out, "# HELP mlxgen_running_requests Requests being generated.\n# TYPE mlxgen_running_requests gauge\nmlxgen_running_requests {}", m.running);
+            let _ = writeln!(out, "# HELP mlxgen_running_sequences Sequences in the running batch (a request's choices each count).\n# TYPE mlxgen_running_sequences gauge\nmlxgen_running_sequences {}", m.sequences);
+            let _ = writeln!(out, "# HELP mlxgen_kv_blocks_in_use KV cache blocks (16 positions) reserved by running sequences.\n# TYPE mlxgen_kv_blocks_in_use gauge\nmlxgen_kv_blocks_in_use {}", m.kv_blocks);
+            let _ = writeln!(out, "# HELP mlxgen_prefix_cache_blocks Blocks of finished sequences kept for prefix reuse.\n# TYPE mlxgen_prefix_cache_blocks gauge\nmlxgen_prefix_cache_blocks {}", m.prefix_blocks);
+            let _ = writeln!(out, "# HELP mlxgen_prefix_cache_hits_total Requests whose prompt began with cached tokens.\n# TYPE mlxgen_prefix_cache_hits_total counter\nmlxgen_prefix_cache_hits_total {}", m.prefix_hits);
+            let _ = writeln!(out, "# HELP mlxgen_prefix_cached_tokens_total Prompt tokens taken from the prefix cache.\n# TYPE mlxgen_prefix_cached_tokens_total counter\nmlxgen_prefix_cached_tokens_total {}", m.prefix_tokens);
         });
         out
     }

@@ -40,21 +40,31 @@ pub fn router(state: AppState) -> Router {
 
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.options.api_key {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if req.uri().path() != "/health" && given.map(str::trim) != Some(key.as_str()) {
+        // The scheme is case-insensitive (RFC 9110); the key is not.
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+            let (scheme, token) = v.trim_start().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+        });
+        if req.uri().path() != "/health" && given != Some(key.as_str()) {
             s.metrics.request("unauthorized", 401);
             return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key").into_response();
         }
+    }
+    // A body announced larger than the limit is refused before it is read.
+    let announced = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > s.options.max_body_bytes as u64) {
+        let limit = s.options.max_body_bytes;
+        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the request body is larger than the limit of {limit} bytes"), "payload_too_large").into_response();
     }
     next.run(req).await
 }
 
 async fn not_found(req: Request) -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, format!("no route {} {}", req.method(), req.uri().path()), "not_found").into_response()
+    ApiError::new(StatusCode::NOT_FOUND, format!("no route {} {}", req.method(), api::clip(req.uri().path())), "not_found").into_response()
 }
 
 async fn method_not_allowed(req: Request) -> Response {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed on {}", req.method(), req.uri().path()), "method_not_allowed").into_response()
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed on {}", req.method(), api::clip(req.uri().path())), "method_not_allowed").into_response()
 }
 
 async fn health() -> Response {
@@ -86,6 +96,11 @@ fn json_response(status: StatusCode, v: &Value) -> Response {
 async fn generate(s: AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
     let response = match start(&s, body, chat).await {
         Ok(r) => r,
+        Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => {
+            let mut r = e.into_response();
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            r
+        }
         Err(e) => e.into_response(),
     };
     s.metrics.request(if chat { "chat_completions" } else { "completions" }, response.status().as_u16());
@@ -100,6 +115,7 @@ struct Meta {
     chat: bool,
     n: usize,
     prompt_tokens: usize,
+    cached_tokens: usize,
     include_usage: bool,
     /// Chat with a reasoning model: whether the prompt opened `<think>` (see `reasoning`).
     reasoning: Option<bool>,
@@ -107,7 +123,12 @@ struct Meta {
 
 impl Meta {
     fn usage(&self, completion_tokens: usize) -> Value {
-        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": self.prompt_tokens + completion_tokens})
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
     }
 
     fn object(&self, stream: bool) -> &'static str {
@@ -167,19 +188,26 @@ async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) ->
     let body = body.map_err(|r| ApiError::new(r.status(), format!("cannot read the request body: {}", r.body_text()), "invalid_body"))?;
     let req = api::parse(&body, chat, &s.options.model_id)?;
     let (stream, n, want_logprobs, include_usage) = (req.params.stream, req.params.n, req.params.logprobs.is_some(), req.params.include_usage);
+    if s.metrics.queued() >= s.options.max_queue as i64 {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the server is busy: {} requests are already waiting; retry later", s.options.max_queue),
+            "server_busy",
+        ));
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     s.metrics.queue(1, 0);
     if s.jobs.send(Job { prompt: req.prompt, params: req.params, tx, arrived: Instant::now() }).is_err() {
         s.metrics.queue(-1, 0);
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
     }
-    let (prompt_tokens, reasoning) = match rx.recv().await {
-        Some(Event::Started { prompt_tokens, reasoning }) => (prompt_tokens, reasoning),
+    let (prompt_tokens, cached_tokens, reasoning) = match rx.recv().await {
+        Some(Event::Started { prompt_tokens, cached_tokens, reasoning }) => (prompt_tokens, cached_tokens, reasoning),
         Some(Event::Error(e)) => return Err(e),
         _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
     };
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, include_usage, reasoning };
+    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, cached_tokens, include_usage, reasoning };
     if stream {
         return Ok(sse(meta, rx, want_logprobs));
     }

@@ -1,16 +1,20 @@
-//! The engine thread: it owns the model and does all MLX work, taking jobs from a channel and streaming events back per job.
-//!
-//! The loop admits waiting jobs and then advances the running sequence by one token at a time, so
-//! that continuous batching can later replace `active: Option<Sequence>` by a set of sequences
-//! stepped together, without changing the channels or the events.
+//! The engine thread: it owns the model and does all MLX work, taking jobs from a channel and
+//! streaming events back per job. It runs continuous batching ([`engine::batch::BatchEngine`]):
+//! at every step it admits waiting jobs (each of a job's `n` choices is one sequence) while the
+//! batch has room and the KV budget allows, decodes one token for every running sequence, and
+//! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
+//! (a [`engine::cache::PagedPool`]) holds from earlier requests.
 use crate::api::{ApiError, GenParams, Prompt};
 use crate::metrics::Metrics;
-use engine::sample::token_logprobs;
+use engine::batch::{BatchEngine, SeqParams, StepToken};
+use engine::cache::PagedPool;
+use engine::sample::{init_random_draws, key_seq_as_mlx_lm, token_logprobs, KeySeq};
 use engine::tokenizer::StreamingDetokenizer;
-use engine::{GenerateConfig, Generator, LoadedModel};
-use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use engine::LoadedModel;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -39,6 +43,8 @@ pub enum Event {
     /// The prompt is accepted (always the first event unless `Error`).
     Started {
         prompt_tokens: usize,
+        /// Leading prompt tokens taken from the prefix cache (not computed again).
+        cached_tokens: usize,
         /// Chat with a reasoning model: whether the template left the model inside `<think>`
         /// (then the answer's `reasoning_content` is split out); `None` otherwise.
         reasoning: Option<bool>,
@@ -51,108 +57,250 @@ pub enum Event {
     Error(ApiError),
 }
 
+/// How the engine thread batches (from `mlx-gen serve`'s flags).
+#[derive(Clone, Debug)]
+pub struct BatchOptions {
+    /// Sequences decoded together at most.
+    pub max_batch: usize,
+    /// Prompt tokens prefilled per step (between two decode steps of the running batch).
+    pub prefill_step_size: usize,
+    /// Bytes of KV cache the running sequences may reserve (prompt + max_tokens each).
+    pub kv_budget_bytes: usize,
+    /// Bytes of the prefix pool (finished sequences' keys and values kept for reuse); 0: off.
+    pub prefix_cache_bytes: usize,
+}
+
+/// Positions per block of the prefix pool (and the unit of the KV metrics).
+const BLOCK: usize = 16;
+
 /// Starts the engine thread; it runs until every sender of its channel is dropped. Once `stopping`
 /// is set, running jobs end at their next token (so that a shutdown never waits on a long stream).
-pub fn spawn(loaded: LoadedModel, jobs: Receiver<Job>, metrics: Arc<Metrics>, stopping: Arc<AtomicBool>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || run(&loaded, &jobs, &metrics, &stopping))
+pub fn spawn(
+    loaded: LoadedModel,
+    jobs: Receiver<Job>,
+    metrics: Arc<Metrics>,
+    stopping: Arc<AtomicBool>,
+    options: BatchOptions,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || Worker::new(&loaded, &metrics, options).run(&jobs, &stopping))
 }
 
-fn run(loaded: &LoadedModel, jobs: &Receiver<Job>, metrics: &Metrics, stopping: &AtomicBool) {
-    let xtc_special = engine::sample::xtc_special_tokens(loaded).unwrap_or_default();
-    let mut queue: VecDeque<Job> = VecDeque::new();
-    let mut active: Option<Sequence> = None;
-    loop {
-        if active.is_none() && queue.is_empty() {
-            match jobs.recv() {
-                Ok(job) => queue.push_back(job),
-                Err(_) => return,
-            }
-        }
-        loop {
-            match jobs.try_recv() {
-                Ok(job) => queue.push_back(job),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) if active.is_none() && queue.is_empty() => return,
-                Err(TryRecvError::Disconnected) => break,
-            }
-        }
-        if active.is_none() {
-            if let Some(job) = queue.pop_front() {
-                metrics.queue(-1, 1);
-                active = Sequence::start(loaded, job, &xtc_special, metrics);
-                if active.is_none() {
-                    metrics.queue(0, -1);
-                }
-            }
-        }
-        if let Some(seq) = active.as_mut() {
-            if stopping.load(Ordering::Relaxed) || !seq.step(metrics) {
-                active = None;
-                metrics.queue(0, -1);
-            }
-        }
-    }
-}
-
-/// A job being generated: its choices one after another, each a fresh generator over the prompt.
-struct Sequence<'m> {
-    loaded: &'m LoadedModel,
+/// A job's shared part: its channel and settings. The job ends when its last choice drops it.
+struct JobState {
     job: Job,
-    prompt: Vec<u32>,
-    config: GenerateConfig,
-    choice: usize,
-    generator: Generator<'m>,
+}
+
+/// One choice of a job: one sequence of the batch.
+struct Choice {
+    job: Rc<JobState>,
+    index: usize,
     detok: StreamingDetokenizer,
     stop: StopBuffer,
     tokens: usize,
     last_token: Option<Instant>,
     first_token_seen: bool,
+    /// KV positions reserved for it (prompt + max_tokens).
+    reserved: usize,
+}
+
+struct Worker<'m> {
+    loaded: &'m LoadedModel,
+    metrics: &'m Metrics,
+    options: BatchOptions,
+    engine: BatchEngine<'m>,
+    pool: Option<PagedPool>,
+    xtc_special: Vec<u32>,
+    init_draws: usize,
+    kv_bytes_per_token: usize,
+    choices: HashMap<u64, Choice>,
+    reserved_tokens: usize,
+    next_id: u64,
+    unseeded: u64,
 }
 
 fn invalid(param: &str, e: impl std::fmt::Display) -> ApiError {
     ApiError::bad(param, e.to_string())
 }
 
-impl<'m> Sequence<'m> {
-    /// Tokenizes and checks the prompt and settings against the model, and prefills the first
-    /// choice; on failure the job gets an `Error` event and `None` is returned.
-    fn start(loaded: &'m LoadedModel, job: Job, xtc_special: &[u32], metrics: &Metrics) -> Option<Sequence<'m>> {
-        match Self::prepare(loaded, &job, xtc_special) {
-            Ok((prompt, config, reasoning)) => {
-                let _ = job.tx.send(Event::Started { prompt_tokens: prompt.len(), reasoning });
-                metrics.prompt_tokens(prompt.len());
-                match Generator::new(loaded.model.as_ref(), &prompt, loaded.model.make_cache(), config.clone()) {
-                    Ok(generator) => Some(Sequence {
-                        loaded,
-                        stop: StopBuffer::new(job.params.stop.clone()),
-                        job,
-                        prompt,
-                        config,
-                        choice: 0,
-                        generator,
-                        detok: loaded.tokenizer.detokenizer(),
-                        tokens: 0,
-                        last_token: None,
-                        first_token_seen: false,
-                    }),
-                    Err(e) => {
-                        let _ = job.tx.send(Event::Error(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "engine_error")));
-                        None
-                    }
-                }
-            }
-            Err(e) => {
-                let _ = job.tx.send(Event::Error(e));
-                None
-            }
+fn engine_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "engine_error")
+}
+
+impl<'m> Worker<'m> {
+    fn new(loaded: &'m LoadedModel, metrics: &'m Metrics, options: BatchOptions) -> Worker<'m> {
+        let layers = loaded.model.make_cache().len();
+        let pool = (options.prefix_cache_bytes > 0).then(|| PagedPool::new(layers, BLOCK, options.prefix_cache_bytes));
+        Worker {
+            loaded,
+            metrics,
+            engine: BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool.clone()),
+            options,
+            pool,
+            xtc_special: engine::sample::xtc_special_tokens(loaded).unwrap_or_default(),
+            init_draws: init_random_draws(&loaded.path, &loaded.config).unwrap_or(0),
+            kv_bytes_per_token: engine::batch::kv_bytes_per_token(loaded.model.as_ref()).unwrap_or(1),
+            choices: HashMap::new(),
+            reserved_tokens: 0,
+            next_id: 0,
+            unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
         }
     }
 
-    fn prepare(
-        loaded: &LoadedModel,
-        job: &Job,
-        xtc_special: &[u32],
-    ) -> Result<(Vec<u32>, GenerateConfig, Option<bool>), ApiError> {
+    fn run(mut self, jobs: &Receiver<Job>, stopping: &AtomicBool) {
+        let mut queue: VecDeque<Job> = VecDeque::new();
+        loop {
+            if self.choices.is_empty() && queue.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => queue.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match jobs.try_recv() {
+                    Ok(job) => queue.push_back(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if self.choices.is_empty() && queue.is_empty() => return,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            }
+            if stopping.load(Ordering::Relaxed) {
+                for id in self.choices.keys().copied().collect::<Vec<_>>() {
+                    self.end(id);
+                }
+                for _ in queue.drain(..) {
+                    self.metrics.queue(-1, 0);
+                }
+            }
+            self.admit(&mut queue);
+            self.drop_abandoned();
+            self.publish();
+            if self.engine.is_idle() {
+                continue;
+            }
+            match self.engine.step() {
+                Ok(tokens) => {
+                    for t in tokens {
+                        self.on_token(t);
+                    }
+                }
+                Err(e) => {
+                    // Every running job fails; the engine starts over empty.
+                    for id in self.choices.keys().copied().collect::<Vec<_>>() {
+                        if let Some(c) = self.choices.get(&id) {
+                            let _ = c.job.job.tx.send(Event::Error(engine_error(&e)));
+                        }
+                        self.end(id);
+                    }
+                    self.engine = BatchEngine::new(self.loaded.model.as_ref(), self.options.prefill_step_size, self.pool.clone());
+                }
+            }
+            self.publish();
+        }
+    }
+
+    /// Moves queued jobs into the batch while it has room and their KV reservation fits.
+    fn admit(&mut self, queue: &mut VecDeque<Job>) {
+        while let Some(job) = queue.front() {
+            if job.tx.is_closed() {
+                queue.pop_front();
+                self.metrics.queue(-1, 0);
+                continue;
+            }
+            let need = job.params.n;
+            if !self.choices.is_empty() && self.choices.len() + need > self.options.max_batch {
+                return;
+            }
+            let job = queue.pop_front().expect("front exists");
+            self.metrics.queue(-1, 0);
+            let (prompt, reasoning) = match self.prepare(&job) {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = job.tx.send(Event::Error(e));
+                    continue;
+                }
+            };
+            let per_choice = prompt.len() + job.params.max_tokens;
+            let budget_tokens = self.options.kv_budget_bytes / self.kv_bytes_per_token;
+            if per_choice * need > budget_tokens {
+                let mut e = ApiError::bad(
+                    "max_tokens",
+                    format!(
+                        "the prompt ({} tokens) plus max_tokens ({}) for {need} choice(s) needs more KV cache than the server's budget ({budget_tokens} positions)",
+                        prompt.len(),
+                        job.params.max_tokens
+                    ),
+                );
+                e.code = Some("context_length_exceeded");
+                let _ = job.tx.send(Event::Error(e));
+                continue;
+            }
+            if !self.choices.is_empty() && self.reserved_tokens + per_choice * need > budget_tokens {
+                // Waits (first in line) until running sequences give their reservation back.
+                queue.push_front(job);
+                self.metrics.queue(1, 0);
+                return;
+            }
+            self.start(job, prompt, reasoning, per_choice);
+        }
+    }
+
+    /// Adds a checked job's choices to the batch and tells its handler it started.
+    fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, per_choice: usize) {
+        let n = job.params.n;
+        let state = Rc::new(JobState { job });
+        let mut cached = 0;
+        for index in 0..n {
+            let params = &state.job.params;
+            let keys = match params.seed {
+                Some(seed) => key_seq_as_mlx_lm(seed.wrapping_add(index as u64), self.init_draws),
+                None => {
+                    self.unseeded = self.unseeded.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    KeySeq::new(self.unseeded).map_err(engine::EngineError::from)
+                }
+            };
+            let mut sampler = params.sampler.clone();
+            sampler.xtc_special_tokens = self.xtc_special.clone();
+            let added = keys.and_then(|keys| {
+                self.engine.add(self.next_id, prompt.clone(), SeqParams { sampler, keys: Some(keys), logprobs: params.logprobs.is_some() })
+            });
+            match added {
+                Ok(c) if index == 0 => cached = c,
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = state.job.tx.send(Event::Error(invalid("messages", e)));
+                    for id in self.choices.iter().filter(|(_, c)| Rc::ptr_eq(&c.job, &state)).map(|(id, _)| *id).collect::<Vec<_>>() {
+                        self.end(id);
+                    }
+                    return;
+                }
+            }
+            if index == 0 {
+                let _ = state.job.tx.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning });
+            }
+            self.reserved_tokens += per_choice;
+            self.choices.insert(
+                self.next_id,
+                Choice {
+                    job: state.clone(),
+                    index,
+                    detok: self.loaded.tokenizer.detokenizer(),
+                    stop: StopBuffer::new(params.stop.clone()),
+                    tokens: 0,
+                    last_token: None,
+                    first_token_seen: false,
+                    reserved: per_choice,
+                },
+            );
+            self.next_id += 1;
+        }
+        self.metrics.prompt_tokens(prompt.len());
+        self.metrics.prefix(cached);
+        self.metrics.queue(0, 1);
+    }
+
+    /// Tokenizes and checks the prompt and settings against the model.
+    fn prepare(&self, job: &Job) -> Result<(Vec<u32>, Option<bool>), ApiError> {
+        let loaded = self.loaded;
         let tok = &loaded.tokenizer;
         let mut reasoning = None;
         let (prompt, param) = match &job.prompt {
@@ -180,98 +328,96 @@ impl<'m> Sequence<'m> {
                 return Err(e);
             }
         }
-        let mut sampler = job.params.sampler.clone();
-        sampler.xtc_special_tokens = xtc_special.to_vec();
+        let sampler = &job.params.sampler;
         let without_bias = engine::SamplerConfig { processors: Default::default(), ..sampler.clone() };
         without_bias.validate_vocab(vocab).map_err(|e| invalid("top_k", e))?;
         sampler.processors.validate_vocab(vocab).map_err(|e| invalid("logit_bias", e))?;
-        if let Some(seed) = job.params.seed {
-            engine::sample::seed_as_mlx_lm(seed, loaded).map_err(|e| invalid("seed", e))?;
-        }
-        let config = GenerateConfig { max_tokens: Some(job.params.max_tokens), sampler, ..GenerateConfig::default() };
-        Ok((prompt, config, reasoning))
+        Ok((prompt, reasoning))
     }
 
-    /// Hands out one token; false once the job is over (all choices done, failed, or its client gone).
-    fn step(&mut self, metrics: &Metrics) -> bool {
-        if self.job.tx.is_closed() {
-            return false;
+    /// Ends choices whose client went away (within one step).
+    fn drop_abandoned(&mut self) {
+        let gone: Vec<u64> = self.choices.iter().filter(|(_, c)| c.job.job.tx.is_closed()).map(|(id, _)| *id).collect();
+        for id in gone {
+            self.end(id);
         }
-        let generated = match self.generator.next() {
-            None => return self.finish("length"),
-            Some(Err(e)) => {
-                let _ = self.job.tx.send(Event::Error(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "engine_error")));
-                return false;
+    }
+
+    /// Forgets choice `id`: out of the batch, its reservation back; the job ends with its last choice.
+    fn end(&mut self, id: u64) {
+        self.engine.finish(id);
+        if let Some(c) = self.choices.remove(&id) {
+            self.reserved_tokens -= c.reserved;
+            if Rc::strong_count(&c.job) == 1 {
+                self.metrics.queue(0, -1);
             }
-            Some(Ok(g)) => g,
-        };
+        }
+    }
+
+    fn on_token(&mut self, t: StepToken) {
+        let Some(c) = self.choices.get_mut(&t.id) else { return };
         let now = Instant::now();
-        if !self.first_token_seen {
-            self.first_token_seen = true;
-            metrics.ttft(now.duration_since(self.job.arrived).as_secs_f64());
+        if !c.first_token_seen {
+            c.first_token_seen = true;
+            if c.index == 0 {
+                self.metrics.ttft(now.duration_since(c.job.job.arrived).as_secs_f64());
+            }
         }
-        if self.loaded.is_eos(generated.token) {
-            return self.finish("stop");
+        if self.loaded.is_eos(t.token) {
+            return self.finish(t.id, "stop");
         }
-        metrics.generated_token(self.last_token.map(|t| now.duration_since(t).as_secs_f64()));
-        self.last_token = Some(now);
-        self.tokens += 1;
+        self.metrics.generated_token(c.last_token.map(|l| now.duration_since(l).as_secs_f64()));
+        c.last_token = Some(now);
+        c.tokens += 1;
         let mut logprobs = Vec::new();
-        if let Some(k) = self.job.params.logprobs {
-            match token_logprobs(&generated.logprobs, generated.token, k) {
+        if let (Some(k), Some(lp)) = (c.job.job.params.logprobs, t.logprobs.as_ref()) {
+            match token_logprobs(lp, t.token, k) {
                 Ok(lp) => {
                     let text = |id: u32| self.loaded.tokenizer.decode(&[id], false).unwrap_or_default();
                     let top = lp.top.iter().map(|&(id, l)| (text(id), l)).collect();
                     logprobs.push(TokenLogprob { token: text(lp.token), logprob: lp.logprob, top });
                 }
                 Err(e) => {
-                    let _ = self.job.tx.send(Event::Error(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "engine_error")));
-                    return false;
+                    let _ = c.job.job.tx.send(Event::Error(engine_error(e)));
+                    return self.end(t.id);
                 }
             }
         }
-        self.detok.add_token(generated.token);
-        let (text, hit) = self.stop.push(&self.detok.last_segment());
+        c.detok.add_token(t.token);
+        let (text, hit) = c.stop.push(&c.detok.last_segment());
         if !text.is_empty() || !logprobs.is_empty() {
-            let _ = self.job.tx.send(Event::Delta { index: self.choice, text, logprobs });
+            let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs });
         }
         if hit {
-            return self.finish_choice("stop");
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens });
+            return self.end(t.id);
         }
-        true
+        if c.tokens >= c.job.job.params.max_tokens {
+            self.finish(t.id, "length");
+        }
     }
 
-    /// Ends the choice at EOS or the token limit: the detokenizer's and stop buffer's held text goes out.
-    fn finish(&mut self, reason: &'static str) -> bool {
-        self.detok.finalize();
-        let (mut text, hit) = self.stop.push(&self.detok.last_segment());
-        if !hit {
-            text.push_str(&self.stop.flush());
-        }
-        if !text.is_empty() {
-            let _ = self.job.tx.send(Event::Delta { index: self.choice, text, logprobs: Vec::new() });
-        }
-        self.finish_choice(if hit { "stop" } else { reason })
-    }
-
-    /// Reports the choice's end and starts the next choice, if any.
-    fn finish_choice(&mut self, reason: &'static str) -> bool {
-        let _ = self.job.tx.send(Event::Finish { index: self.choice, reason, completion_tokens: self.tokens });
-        self.choice += 1;
-        if self.choice >= self.job.params.n {
-            return false;
-        }
-        match Generator::new(self.loaded.model.as_ref(), &self.prompt, self.loaded.model.make_cache(), self.config.clone()) {
-            Ok(g) => self.generator = g,
-            Err(e) => {
-                let _ = self.job.tx.send(Event::Error(ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), "engine_error")));
-                return false;
+    /// Ends a choice at EOS or the token limit: the detokenizer's and stop buffer's held text goes out.
+    fn finish(&mut self, id: u64, reason: &'static str) {
+        if let Some(c) = self.choices.get_mut(&id) {
+            c.detok.finalize();
+            let (mut text, hit) = c.stop.push(&c.detok.last_segment());
+            if !hit {
+                text.push_str(&c.stop.flush());
             }
+            if !text.is_empty() {
+                let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs: Vec::new() });
+            }
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens });
         }
-        self.detok = self.loaded.tokenizer.detokenizer();
-        self.stop = StopBuffer::new(self.job.params.stop.clone());
-        self.tokens = 0;
-        self.last_token = None;
-        true
+        self.end(id);
+    }
+
+    /// Updates the batch and KV gauges.
+    fn publish(&self) {
+        let (running, prefilling) = self.engine.len();
+        let blocks: usize = self.choices.values().map(|c| c.reserved.div_ceil(BLOCK)).sum();
+        let cached = self.pool.as_ref().map_or(0, |p| p.usage().1);
+        self.metrics.batch(running + prefilling, blocks, cached);
     }
 }

@@ -2,6 +2,8 @@
 //! one warm-up, then timed trials reporting load time, time to first token, prompt and generation
 //! tok/s and peak memory, each trial and the median, with mlx-lm's definitions; `-b N` runs N equal-length random
 //! prompts as one batch with greedy decoding, as mlx-lm's `batch_generate` measures it (tok/s summed over the batch).
+//! On several ranks (`mlx-gen launch -- bench`, `--pipeline` as mlx-lm's) every rank runs the same
+//! trials on the same prompt; rank 0 reports.
 use anyhow::{bail, Result};
 use engine::{GenerateConfig, Generator, LoadedModel};
 use mlx::Array;
@@ -39,6 +41,9 @@ pub struct Args {
     /// KV cache of single-sequence trials: `paged` measures the block-pool cache against the default.
     #[arg(long, value_enum, default_value = "growing")]
     kv_cache: super::cache_prompt::KvCacheKind,
+    /// On several ranks (mlx-gen launch): pipeline parallel instead of tensor parallel.
+    #[arg(long)]
+    pipeline: bool,
 }
 
 /// Inter-token intervals of one trial, in milliseconds.
@@ -83,7 +88,10 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         bail!("--prefill-step-size must be at least 1");
     }
     let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let (loaded, load_s) = crate::progress::load_model(&model_dir)?;
+    let (loaded, load_s) = super::launch::load_model(&model_dir, args.pipeline)?;
+    // On several ranks rank 0 alone reports (the others run the same trials silently).
+    let leader = super::launch::is_leader();
+    let table = !args.json && leader;
 
     // As mlx_lm.benchmark: seed 0, then a uniform random prompt over the vocabulary.
     mlx::random::seed(0)?;
@@ -91,11 +99,11 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     let shape = [args.batch_size as i32, args.prompt_tokens as i32];
     let prompt: Vec<u32> = mlx::random::randint(0, vocab, &shape, mlx::Dtype::I32)?.to_vec::<u32>()?;
 
-    if !args.json {
+    if table {
         eprintln!("Running warmup..");
     }
     trial(&loaded, &prompt, &args)?;
-    if !args.json {
+    if table {
         eprintln!(
             "Timing with prompt_tokens={}, generation_tokens={}, batch_size={}.",
             args.prompt_tokens, args.generation_tokens, args.batch_size
@@ -104,7 +112,7 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     let mut trials = Vec::new();
     for i in 0..args.num_trials {
         let t = Trial { load_s, ..trial(&loaded, &prompt, &args)? };
-        if !args.json {
+        if table {
             println!(
                 "Trial {}:  ttft_s={:.4}, prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}, total_time={:.3}",
                 i + 1,
@@ -126,6 +134,10 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         total_s: median(trials.iter().map(|t| t.total_s)),
     };
     let pacing = if args.pacing { Some(pacing(&loaded, &prompt[..args.prompt_tokens], &args)?) } else { None };
+    super::launch::finished();
+    if !leader {
+        return Ok(());
+    }
     let report = Report {
         pacing,
         model: model_dir.display().to_string(),
@@ -156,8 +168,10 @@ fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
         ..GenerateConfig::default()
     };
     let mut marks = Vec::with_capacity(args.generation_tokens);
+    super::launch::heartbeat("prefill");
     for step in Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)? {
         step?;
+        super::launch::heartbeat("generation step");
         marks.push(Instant::now());
     }
     let mut ms: Vec<f64> = marks.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
@@ -182,9 +196,11 @@ fn trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Trial> {
     let mut count = 0usize;
     let kv = super::cache_prompt::KvArgs { max_kv_size: None, kv_bits: None, kv_group_size: 64, quantized_kv_start: 0 };
     let cache = super::cache_prompt::make_cache(loaded, &kv, args.kv_cache)?;
+    super::launch::heartbeat("prefill");
     let generator = Generator::new(loaded.model.as_ref(), prompt, cache, config)?;
     for step in generator {
         step?;
+        super::launch::heartbeat("generation step");
         if first.is_none() {
             first = Some(Instant::now());
         }
@@ -219,6 +235,7 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
     let mut cache = model.make_cache();
     let all = Array::from_slice(&ids, &[b, p])?;
     let mut start = 0;
+    super::launch::heartbeat("prefill");
     while p - start > 1 {
         let n = (args.prefill_step_size as i32).min(p - 1 - start);
         model.forward(&all.slice_axis(1, start, start + n)?, &mut cache)?;
@@ -237,6 +254,7 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
     for i in 1..args.generation_tokens {
         let next = greedy(&y, &mut cache)?;
         mlx::async_eval(&[&next])?;
+        super::launch::heartbeat("generation step");
         y.to_vec::<u32>()?; // the host reads each step's tokens, as a generator hands them out
         y = next;
         if i % 256 == 0 {

@@ -42,21 +42,36 @@ pub enum KvCacheKind {
     /// The model's own caches (growing, or rotating with --max-kv-size), as mlx-lm.
     #[default]
     Growing,
-    /// Blocks of 256 positions from a pool (same tokens; for measuring it).
+    /// Blocks of positions from a pool; a rotating window (--max-kv-size, sliding-window layers)
+    /// is a ring of blocks. Same tokens as the model's caches.
     Paged,
 }
 
+/// Positions per block of the paged cache by default.
+pub const DEFAULT_BLOCK_SIZE: usize = 256;
+
 /// A fresh cache for `prompt`: the model's (mlx-lm's make_prompt_cache), or a paged one.
 pub fn make_cache(loaded: &LoadedModel, kv: &KvArgs, kind: KvCacheKind) -> Result<Vec<Box<dyn KvCache>>> {
+    make_cache_with(loaded, kv, kind, DEFAULT_BLOCK_SIZE)
+}
+
+/// [`make_cache`] with paged blocks of `block_size` positions. The paged cache mirrors the
+/// model's caches layer by layer: where it would use a rotating cache (`--max-kv-size`, or a
+/// sliding-window layer), the layer gets a ring of blocks with the same window.
+pub fn make_cache_with(loaded: &LoadedModel, kv: &KvArgs, kind: KvCacheKind, block_size: usize) -> Result<Vec<Box<dyn KvCache>>> {
+    let caches = loaded.model.make_prompt_cache(kv.max_kv_size);
     match kind {
-        KvCacheKind::Growing => Ok(loaded.model.make_prompt_cache(kv.max_kv_size)),
+        KvCacheKind::Growing => Ok(caches),
         KvCacheKind::Paged => {
-            if kv.max_kv_size.is_some() || kv.kv_bits.is_some() {
-                bail!("--kv-cache paged does not combine with --max-kv-size or --kv-bits");
+            if kv.kv_bits.is_some() {
+                bail!("--kv-cache paged does not combine with --kv-bits (the paged cache is not quantized)");
             }
-            let n = loaded.model.make_cache().len();
-            let pool = PagedPool::new(n, 256, 64 << 30);
-            Ok(pool.new_sequence(&[]).0)
+            if block_size == 0 {
+                bail!("--kv-block-size must be at least 1");
+            }
+            let windows: Vec<Option<(i32, i32)>> = caches.iter().map(|c| c.window()).collect();
+            let pool = PagedPool::new(windows.len(), block_size, 64 << 30);
+            Ok(pool.new_windowed_sequence(&[], &windows)?.0)
         }
     }
 }

@@ -1,4 +1,6 @@
 //! `mlx-gen chat`: a multi-turn terminal chat; earlier turns stay in the KV cache so each turn prefills only its new tokens.
+//! On several ranks (`mlx-gen launch -- chat`), rank 0 reads and prints; it hands every input to the
+//! other ranks, which run the same turns and commands silently.
 mod input;
 mod render;
 mod session;
@@ -40,6 +42,9 @@ pub struct Args {
     /// After each answer: prompt tokens processed (and reused from the cache), tok/s, peak memory.
     #[arg(long)]
     verbose: bool,
+    /// On several ranks (mlx-gen launch): pipeline parallel instead of tensor parallel.
+    #[arg(long)]
+    pipeline: bool,
 }
 
 const HELP: &str = "\
@@ -57,8 +62,10 @@ static STOP: AtomicBool = AtomicBool::new(false);
 static GENERATING: AtomicBool = AtomicBool::new(false);
 
 fn install_ctrl_c() -> Result<()> {
-    ctrlc::set_handler(|| {
-        if GENERATING.load(Ordering::SeqCst) && !STOP.swap(true, Ordering::SeqCst) {
+    // On several ranks an answer cannot stop early: the others would not know at which token.
+    let sharded = super::launch::group().is_some();
+    ctrlc::set_handler(move || {
+        if !sharded && GENERATING.load(Ordering::SeqCst) && !STOP.swap(true, Ordering::SeqCst) {
             return;
         }
         // A second Ctrl-C, or one while waiting for plain (non-terminal) input: leave.
@@ -73,7 +80,7 @@ fn install_ctrl_c() -> Result<()> {
 pub fn run(args: Args) -> Result<()> {
     let sampler = args.sampling.sampler_config()?;
     let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let (loaded, load_s) = crate::progress::load_model(&model_dir)?;
+    let (loaded, load_s) = super::launch::load_model(&model_dir, args.pipeline)?;
     if !loaded.tokenizer.has_chat_template() {
         bail!(
             "{} has no chat template: chat needs one (use `mlx-gen generate --ignore-chat-template` for raw text)",
@@ -81,66 +88,101 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let sampler = args.sampling.for_model(sampler, &loaded)?;
-    let mut reader = Reader::new()?;
-    let ansi = std::io::stdout().is_terminal();
+    let leader = super::launch::is_leader();
+    // Only rank 0 reads standard input.
+    let mut reader = if leader { Some(Reader::new()?) } else { None };
+    let ansi = leader && std::io::stdout().is_terminal();
     install_ctrl_c()?;
-    if reader.interactive() {
+    if reader.as_ref().is_some_and(Reader::interactive) {
         eprintln!("Loaded {} in {load_s:.2}s. Type /help for commands, Ctrl-D to leave.", model_dir.display());
     }
     let mut session = Session::new(&loaded, args.system_prompt.clone(), args.max_kv_size.map(|n| n as usize));
     loop {
-        let text = match reader.read()? {
+        let text = match shared_input(reader.as_mut())? {
             Input::Message(t) => t,
             Input::Interrupted | Input::Eof => break,
         };
+        let mut out: Box<dyn Write> = if leader { Box::new(std::io::stdout().lock()) } else { Box::new(std::io::sink()) };
         if let Some(cmd) = text.trim_start().strip_prefix('/') {
-            if !command(cmd.trim(), &mut session, &loaded)? {
+            if !command(cmd.trim(), &mut session, &loaded, &mut out)? {
                 break;
             }
             continue;
         }
-        turn(&args, sampler.clone(), &loaded, &mut session, text, ansi)?;
+        turn(&args, sampler.clone(), &loaded, &mut session, text, ansi, &mut out)?;
     }
     Ok(())
 }
 
-/// Runs a slash command; false to leave.
-fn command(cmd: &str, session: &mut Session, loaded: &LoadedModel) -> Result<bool> {
+/// The next input: read by rank 0 (`reader`), and handed to the other ranks.
+fn shared_input(reader: Option<&mut Reader>) -> Result<Input> {
+    let mine = match reader {
+        Some(r) => match r.read()? {
+            Input::Message(t) => format!("M{t}"),
+            Input::Interrupted => "I".to_owned(),
+            Input::Eof => "E".to_owned(),
+        },
+        None => String::new(),
+    };
+    let shared = String::from_utf8(super::launch::share_from_leader(mine.as_bytes())?).context("rank 0 sent text that is not UTF-8")?;
+    Ok(match shared.split_at_checked(1) {
+        Some(("M", t)) => Input::Message(t.to_owned()),
+        Some(("I", _)) => Input::Interrupted,
+        _ => Input::Eof,
+    })
+}
+
+/// Runs a slash command, its replies to `out`; false to leave.
+fn command(cmd: &str, session: &mut Session, loaded: &LoadedModel, out: &mut dyn Write) -> Result<bool> {
     let (name, rest) = cmd.split_once(char::is_whitespace).map_or((cmd, ""), |(n, r)| (n, r.trim()));
     match name {
         "exit" | "quit" | "bye" => return Ok(false),
-        "help" | "?" => println!("{HELP}"),
+        "help" | "?" => writeln!(out, "{HELP}")?,
         "reset" | "clear" => {
             session.reset(loaded);
-            println!("Conversation reset.");
+            writeln!(out, "Conversation reset.")?;
         }
         "system" => {
             session.system = (!rest.is_empty()).then(|| rest.to_owned());
-            println!("{}", if rest.is_empty() { "System prompt removed." } else { "System prompt set." });
+            writeln!(out, "{}", if rest.is_empty() { "System prompt removed." } else { "System prompt set." })?;
         }
-        "save" if rest.is_empty() => println!("Usage: /save FILE"),
+        "save" if rest.is_empty() => writeln!(out, "Usage: /save FILE")?,
+        // On several ranks only rank 0 writes the file.
+        "save" if !super::launch::is_leader() => {}
         "save" => {
             let json = serde_json::to_string_pretty(&serde_json::json!({ "messages": session.conversation() }))?;
             match std::fs::write(rest, json + "\n") {
-                Ok(()) => println!("Saved {} messages to {rest}.", session.conversation().len()),
-                Err(e) => println!("Cannot write {rest}: {e}"),
+                Ok(()) => writeln!(out, "Saved {} messages to {rest}.", session.conversation().len())?,
+                Err(e) => writeln!(out, "Cannot write {rest}: {e}")?,
             }
         }
-        _ => println!("Unknown command /{name}: type /help for the list."),
+        _ => writeln!(out, "Unknown command /{name}: type /help for the list.")?,
     }
+    out.flush()?;
     Ok(true)
 }
 
 /// One exchange: prefill the new tokens, stream the answer until EOS, the token limit or Ctrl-C.
-fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, session: &mut Session, text: String, ansi: bool) -> Result<()> {
+fn turn(
+    args: &Args,
+    sampler: engine::SamplerConfig,
+    loaded: &LoadedModel,
+    session: &mut Session,
+    text: String,
+    ansi: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let leader = super::launch::is_leader();
     let prep = match session.prepare(loaded, text, args.max_tokens) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            if leader {
+                eprintln!("error: {e:#}");
+            }
             return Ok(());
         }
     };
-    if prep.dropped > 0 && args.verbose {
+    if prep.dropped > 0 && args.verbose && leader {
         eprintln!("[--max-kv-size: dropped the {} oldest messages]", prep.dropped);
     }
     let config = GenerateConfig {
@@ -152,14 +194,14 @@ fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, sessi
     mlx::runtime::reset_peak_memory();
     STOP.store(false, Ordering::SeqCst);
     GENERATING.store(true, Ordering::SeqCst);
-    let mut out = std::io::stdout().lock();
     let mut renderer = Renderer::new(ansi, args.hide_reasoning);
-    renderer.begin(&mut out, prep.starts_thinking)?;
+    renderer.begin(out, prep.starts_thinking)?;
     let tic = Instant::now();
     let new_ids = &prep.ids[prep.reused..];
     let mut handed = Vec::new();
     let mut detok = loaded.tokenizer.detokenizer();
     let (mut prompt_s, mut gen_start) = (0.0, tic);
+    super::launch::heartbeat("prefill");
     let mut generator = match Generator::new(loaded.model.as_ref(), new_ids, session.take_cache(), config) {
         Ok(g) => g,
         Err(e) => {
@@ -171,6 +213,7 @@ fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, sessi
     let mut failure = None;
     while !STOP.load(Ordering::SeqCst) {
         let Some(step) = generator.next() else { break };
+        super::launch::heartbeat("generation step");
         let step = match step {
             Ok(s) => s,
             Err(e) => {
@@ -187,14 +230,15 @@ fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, sessi
             break;
         }
         detok.add_token(step.token);
-        renderer.push(&mut out, &detok.last_segment())?;
+        renderer.push(out, &detok.last_segment())?;
         out.flush()?;
     }
+    super::launch::finished();
     let stopped = STOP.load(Ordering::SeqCst);
     GENERATING.store(false, Ordering::SeqCst);
     detok.finalize();
-    renderer.push(&mut out, &detok.last_segment())?;
-    renderer.finish(&mut out)?;
+    renderer.push(out, &detok.last_segment())?;
+    renderer.finish(out)?;
     writeln!(out)?;
     if stopped {
         writeln!(out, "[stopped]")?;
@@ -207,7 +251,7 @@ fn turn(args: &Args, sampler: engine::SamplerConfig, loaded: &LoadedModel, sessi
         return Err(e).context("generation failed (the conversation was reset)");
     }
     session.answer(detok.text().to_owned());
-    if args.verbose {
+    if args.verbose && leader {
         let n = handed.len();
         eprintln!(
             "[prompt: {} tokens processed, {} reused from the cache, {:.3} tokens-per-sec | generation: {n} tokens, {:.3} tokens-per-sec | peak memory: {:.3} GB]",

@@ -41,9 +41,13 @@ pub struct Args {
     /// taken as what follows the cached one.
     #[arg(long)]
     prompt_cache_file: Option<PathBuf>,
-    /// The KV cache implementation (`paged` gives the same tokens; it is there to be measured).
+    /// The KV cache implementation (`paged` gives the same tokens, also with --max-kv-size, where
+    /// the window is a ring of blocks; it is there to be measured).
     #[arg(long, value_enum, default_value = "growing")]
     kv_cache: KvCacheKind,
+    /// Positions per block of `--kv-cache paged`.
+    #[arg(long, default_value_t = super::cache_prompt::DEFAULT_BLOCK_SIZE)]
+    kv_block_size: usize,
     #[command(flatten)]
     spec: SpecArgs,
     /// Print separators and statistics (prompt and generation tok/s, peak memory) like mlx-lm.
@@ -52,6 +56,10 @@ pub struct Args {
     /// `text` streams the answer; `json` prints one JSON object at the end.
     #[arg(long, value_enum, default_value = "text")]
     output: Output,
+    /// On several ranks (mlx-gen launch): give each rank a contiguous range of layers (pipeline
+    /// parallel) instead of a slice of every layer (tensor parallel, the default). No effect alone.
+    #[arg(long)]
+    pipeline: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -91,9 +99,12 @@ struct JsonResult {
 pub fn run(args: Args) -> Result<()> {
     let sampler = args.sampling.sampler_config()?;
     let raw = if args.prompt == "-" {
+        // On several ranks, rank 0 reads standard input and hands the prompt to the others.
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("cannot read the prompt from standard input")?;
-        s
+        if super::launch::is_leader() {
+            std::io::stdin().read_to_string(&mut s).context("cannot read the prompt from standard input")?;
+        }
+        String::from_utf8(super::launch::share_from_leader(s.as_bytes())?).context("the prompt is not UTF-8")?
     } else {
         args.prompt.replace("\\n", "\n").replace("\\t", "\t")
     };
@@ -101,6 +112,9 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the prompt is empty: give some text with --prompt (or on standard input with --prompt -)");
     }
 
+    if args.kv_cache == KvCacheKind::Paged && args.prompt_cache_file.is_some() {
+        bail!("--kv-cache paged does not combine with --prompt-cache-file (the file's cache is used as saved)");
+    }
     // As mlx-lm's main(): a prompt cache file names its model and must agree with the KV flags.
     let loaded_cache = match &args.prompt_cache_file {
         Some(f) => Some(engine::cache::load_prompt_cache(f).with_context(|| format!("cannot read the prompt cache {}", f.display()))?),
@@ -123,7 +137,7 @@ pub fn run(args: Args) -> Result<()> {
         (m, _) => m.clone(),
     };
     let model_dir = crate::model_arg::resolve(model_arg.as_deref())?;
-    let loaded = super::launch::load_model(&model_dir)?;
+    let (loaded, _) = super::launch::load_model(&model_dir, args.pipeline)?;
     if args.spec.enabled() && args.kv.max_kv_size.is_some() {
         bail!("--max-kv-size does not combine with speculative decoding (its rotating cache cannot be rewound)");
     }
@@ -184,7 +198,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut gen_start = tic;
     let cache = match loaded_cache {
         Some(c) => c.cache,
-        None => super::cache_prompt::make_cache(&loaded, &args.kv, args.kv_cache)?,
+        None => super::cache_prompt::make_cache_with(&loaded, &args.kv, args.kv_cache, args.kv_block_size)?,
     };
     super::launch::heartbeat("prefill");
     let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config)?;

@@ -4,9 +4,12 @@
 //! starts `mlx-gen <command>` once per rank with `MLX_RANK`, `MLX_HOSTFILE`, `MLX_GEN_DISTRIBUTED`
 //! (the backend) and `MLX_GEN_DIST_TIMEOUT` (seconds), shows rank 0's standard output only, and
 //! when a rank fails stops the others and exits non-zero. A rank started with `MLX_GEN_DISTRIBUTED`
-//! joins the group before its command runs and loads its model sharded; a watchdog ends it with a
-//! message when joining or one generation step takes longer than the timeout (a peer died).
+//! joins the group before its command runs and loads its part of the model (tensor parallel, or
+//! pipeline parallel with the command's `--pipeline`); a watchdog ends it with a message when
+//! joining or one generation step takes longer than the timeout (a peer died). Every rank runs the
+//! same forward passes: rank 0 alone reads standard input and hands what it read to the others.
 use anyhow::{bail, Context, Result};
+use engine::Parallel;
 use mlx::distributed::{Backend, Group, Watchdog};
 use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
@@ -37,11 +40,14 @@ pub struct Args {
     command: Vec<String>,
 }
 
+/// The commands that run on several ranks.
+pub const SHARDED_COMMANDS: [&str; 3] = ["generate", "chat", "bench"];
+
 /// Starts the ranks and waits for them; the first failure stops the rest.
 pub fn run(args: &Args) -> Result<()> {
     let sub = args.command.iter().find(|a| !a.starts_with('-') && *a != "cpu" && *a != "gpu");
-    if sub.map(String::as_str) != Some("generate") {
-        bail!("launch runs `generate` only for now (got {:?})", args.command.join(" "));
+    if !sub.is_some_and(|s| SHARDED_COMMANDS.contains(&s.as_str())) {
+        bail!("launch runs {} only for now (got {:?})", SHARDED_COMMANDS.join(", "), args.command.join(" "));
     }
     if args.backend != "ring" {
         bail!("launch starts ring ranks only for now; start {} ranks with its own launcher (mpirun, ...)", args.backend);
@@ -153,13 +159,13 @@ struct Rank {
 static RANK: OnceLock<Rank> = OnceLock::new();
 
 /// With `MLX_GEN_DISTRIBUTED=<backend>` in the environment, joins the group (strictly, within
-/// `MLX_GEN_DIST_TIMEOUT` seconds, default 120); otherwise does nothing. Only `generate` runs
-/// sharded for now: for other commands (`generate == false`) it refuses.
-pub fn join_from_env(generate: bool) -> Result<()> {
+/// `MLX_GEN_DIST_TIMEOUT` seconds, default 120); otherwise does nothing. Only the
+/// [`SHARDED_COMMANDS`] run sharded for now: for other commands (`sharded_ok == false`) it refuses.
+pub fn join_from_env(sharded_ok: bool) -> Result<()> {
     let Some(name) = std::env::var_os("MLX_GEN_DISTRIBUTED") else { return Ok(()) };
     let name = name.to_string_lossy();
-    if !generate {
-        bail!("MLX_GEN_DISTRIBUTED={name}: only `generate` runs on several ranks for now");
+    if !sharded_ok {
+        bail!("MLX_GEN_DISTRIBUTED={name}: only {} run on several ranks for now", SHARDED_COMMANDS.join(", "));
     }
     let backend = Backend::parse(&name).with_context(|| format!("MLX_GEN_DISTRIBUTED={name}: expected ring, mpi, nccl, jaccl or any"))?;
     if !backend.is_available() {
@@ -198,11 +204,40 @@ pub fn finished() {
     }
 }
 
-/// Loads the model whole, or this rank's shard of it when launched as a rank.
-pub fn load_model(dir: &std::path::Path) -> Result<engine::LoadedModel> {
-    match group() {
-        Some(g) => engine::LoadedModel::load_sharded(dir, g)
-            .with_context(|| format!("rank {}: cannot load {} sharded over {} ranks", g.rank(), dir.display(), g.size())),
-        None => Ok(crate::progress::load_model(dir)?.0),
+/// Whether this process prints: it is not a rank, or it is rank 0.
+pub fn is_leader() -> bool {
+    group().is_none_or(|g| g.rank() == 0)
+}
+
+/// Rank 0's `bytes` on every rank (the others' are ignored); `bytes` itself outside a group. The
+/// watchdog stands down first: the other ranks wait here for as long as rank 0's input takes.
+pub fn share_from_leader(bytes: &[u8]) -> Result<Vec<u8>> {
+    let Some(r) = RANK.get() else { return Ok(bytes.to_vec()) };
+    r.watchdog.disarm();
+    let g = &r.group;
+    let leader = g.rank() == 0;
+    // The length first (only rank 0's is non-zero), then the bytes, as i32 (summed over the group).
+    let len = mlx::Array::from_slice(&[if leader { bytes.len() as i32 } else { 0 }], &[1])?;
+    let len = usize::try_from(g.all_sum(&len)?.item::<i32>()?).context("a negative length from rank 0")?;
+    if len == 0 {
+        return Ok(Vec::new());
     }
+    let data: Vec<i32> = if leader { bytes.iter().map(|&b| i32::from(b)).collect() } else { vec![0; len] };
+    let data = g.all_sum(&mlx::Array::from_slice(&data, &[len as i32])?)?.to_vec::<i32>()?;
+    Ok(data.into_iter().map(|b| b as u8).collect())
+}
+
+/// Loads the model whole, or this rank's part of it when launched as a rank (tensor parallel, or
+/// pipeline parallel with `pipeline`); with the load time in seconds.
+pub fn load_model(dir: &std::path::Path, pipeline: bool) -> Result<(engine::LoadedModel, f64)> {
+    let Some(g) = group() else { return crate::progress::load_model(dir) };
+    let (how, what) = if pipeline { (Parallel::Pipeline, "pipeline") } else { (Parallel::Tensor, "tensor") };
+    let t0 = std::time::Instant::now();
+    let loaded = engine::LoadedModel::load_parallel(dir, g, how)
+        .with_context(|| format!("rank {}: cannot load {} {what}-parallel over {} ranks", g.rank(), dir.display(), g.size()))?;
+    // As mlx-lm's sharded_load: every rank is ready before any starts timing out on the others.
+    heartbeat("waiting for the other ranks to load");
+    g.all_sum(&mlx::Array::from_slice(&[1.0f32], &[1])?)?.eval()?;
+    finished();
+    Ok((loaded, t0.elapsed().as_secs_f64()))
 }

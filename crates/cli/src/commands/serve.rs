@@ -20,6 +20,23 @@ pub struct Args {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
+    /// Sequences decoded together at most (continuous batching; each of a request's `n` choices counts).
+    #[arg(long, default_value_t = 32)]
+    max_batch_size: usize,
+    /// Requests waiting for a place in the batch at most; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Prompt tokens prefilled per step between decode steps of the running batch.
+    #[arg(long, default_value_t = 512)]
+    prefill_step_size: usize,
+    /// KV cache the running sequences may reserve, in MiB (each reserves prompt + max_tokens
+    /// positions; requests wait for room, and one that can never fit is refused).
+    #[arg(long, default_value_t = 8192)]
+    kv_budget_mb: usize,
+    /// Memory for the prefix cache, in MiB: finished requests' keys and values, reused by later
+    /// prompts that begin the same way (0 turns it off).
+    #[arg(long, default_value_t = 1024)]
+    prefix_cache_mb: usize,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -31,9 +48,22 @@ pub fn run(args: Args) -> Result<()> {
         Some(m) => m.to_string_lossy().into_owned(),
         None => dir.file_name().map_or_else(|| "default".to_owned(), |n| n.to_string_lossy().into_owned()),
     };
+    if args.max_batch_size == 0 || args.prefill_step_size == 0 || args.kv_budget_mb == 0 {
+        anyhow::bail!("--max-batch-size, --prefill-step-size and --kv-budget-mb must each be at least 1");
+    }
     let (loaded, _) = crate::progress::load_model(&dir)?;
+    let batch = server::worker::BatchOptions {
+        max_batch: args.max_batch_size,
+        prefill_step_size: args.prefill_step_size,
+        kv_budget_bytes: args.kv_budget_mb << 20,
+        prefix_cache_bytes: args.prefix_cache_mb << 20,
+    };
     server::serve(
         loaded,
-        server::ServeOptions { model_id, host: args.host, port: args.port, api_key: args.api_key, max_body_bytes: args.max_body_bytes },
+        server::ServeOptions { model_id, host: args.host, port: args.port, api_key: args.api_key,
+            max_body_bytes: args.max_body_bytes,
+            max_queue: args.max_queue,
+            batch,
+        },
     )
 }

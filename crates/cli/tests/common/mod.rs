@@ -204,3 +204,37 @@ pub fn reasoning_model_copy(variant: &str, tag: &str) -> PathBuf {
     let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
     dir
 }
+
+/// The folder of one DeepSeek test model (tests/oracle/make_deepseek.py), built once per content
+/// of the scripts that make it: the same folder and lock as deepseek.rs's, so the two share it.
+pub fn deepseek_model(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let py = venv_python();
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for f in ["make_deepseek.py", "make_models.py", "make_tokenizer.py", "reference.py"] {
+            fnv1a(&mut h, f.as_bytes());
+            fnv1a(&mut h, &std::fs::read(oracle_dir().join(f)).unwrap_or_default());
+        }
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
+        let dir = base.join(format!("deepseek-models-{h:016x}"));
+        let marker = dir.join(".complete");
+        let lock = std::fs::File::create(base.join(format!("deepseek-models-{h:016x}.lock"))).expect("lock file");
+        lock.lock().expect("lock the DeepSeek models");
+        if !marker.exists() {
+            let out = Command::new(py)
+                .arg(oracle_dir().join("make_deepseek.py"))
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run make_deepseek.py");
+            assert!(out.status.success(), "make_deepseek.py failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+            std::fs::write(&marker, b"").expect("write marker");
+        }
+        dir
+    });
+    let d = dir.join(name);
+    assert!(d.join("config.json").is_file(), "DeepSeek variant {name} missing from {}", dir.display());
+    d
+}

@@ -28,6 +28,16 @@ impl GrowingCache {
     }
 }
 
+impl GrowingCache {
+    /// The filled positions: keys and values (B, kv_heads, offset, D); `None` while empty.
+    pub fn filled(&self) -> Result<Option<(Array, Array)>> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.offset > 0 => Ok(Some((k.slice_axis(2, 0, self.offset)?, v.slice_axis(2, 0, self.offset)?))),
+            _ => Ok(None),
+        }
+    }
+}
+
 impl KvCache for GrowingCache {
     fn offset(&self) -> i32 {
         self.offset

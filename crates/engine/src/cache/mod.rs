@@ -1,5 +1,6 @@
 //! KV caches behind one trait, chosen per layer by the model. Keys and values are stored after
 //! RoPE, shaped (B, kv_heads, positions, head_dim).
+mod batch;
 mod file;
 mod growing;
 mod mask;
@@ -9,6 +10,7 @@ mod rotating;
 #[cfg(test)]
 mod tests;
 
+pub use batch::BatchCache;
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
 pub use growing::GrowingCache;
 pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
@@ -38,6 +40,17 @@ pub enum StateNode {
 pub trait KvCache: Send {
     /// Number of positions processed so far (the RoPE offset of the next token).
     fn offset(&self) -> i32;
+    /// This cache as a batch cache, when it is one.
+    fn as_batch(&self) -> Option<&BatchCache> {
+        None
+    }
+    fn as_batch_mut(&mut self) -> Option<&mut BatchCache> {
+        None
+    }
+    /// A batch cache's per-row RoPE offsets (B,) int32; `None` when every row is at `offset()`.
+    fn row_offsets(&self) -> Option<Array> {
+        None
+    }
     /// Appends keys/values (B, kv_heads, L, D) and returns all cached ones to attend over.
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
     /// `Some` when the cache stores quantized keys/values (then use `update_and_fetch_quantized`).
@@ -47,6 +60,10 @@ pub trait KvCache: Send {
     /// Appends keys/values and returns the quantized ones to attend over (quantized caches only).
     fn update_and_fetch_quantized(&mut self, _keys: &Array, _values: &Array) -> Result<(QuantTriple, QuantTriple)> {
         Err(EngineError::Invalid("this KV cache is not quantized".into()))
+    }
+    /// `(max_size, keep)` for a rotating window (mlx-lm's `RotatingKVCache`), `None` otherwise.
+    fn window(&self) -> Option<(i32, i32)> {
+        None
     }
     /// Whether `trim` can work (mlx-lm's `is_trimmable`).
     fn is_trimmable(&self) -> bool {

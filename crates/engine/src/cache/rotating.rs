@@ -35,30 +35,11 @@ impl RotatingCache {
     }
 
     fn trim_buf(&self, trim_size: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
-        let mut parts = Vec::new();
-        if trim_size > 0 {
-            parts.push(v.slice_axis(2, 0, self.keep)?);
-            parts.push(v.slice_axis(2, trim_size + self.keep, i32::MAX)?);
-        } else {
-            parts.push(v.clone());
-        }
-        if let Some(a) = append {
-            parts.push(a.clone());
-        }
-        Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 2)?)
+        trim_buf(v, trim_size, self.keep, append)
     }
 
-    /// The buffer in temporal order, cut to its used part.
     fn temporal_order(&self, v: &Array) -> Result<Array> {
-        if self.idx == v.dim(2) {
-            Ok(v.clone())
-        } else if self.idx < self.offset {
-            let parts =
-                [v.slice_axis(2, 0, self.keep)?, v.slice_axis(2, self.idx, i32::MAX)?, v.slice_axis(2, self.keep, self.idx)?];
-            Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 2)?)
-        } else {
-            Ok(v.slice_axis(2, 0, self.idx)?)
-        }
+        temporal_order(v, self.keep, self.idx, self.offset)
     }
 
     fn update_concat(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
@@ -134,6 +115,35 @@ impl RotatingCache {
     }
 }
 
+/// `_trim`: drops `trim_size` positions after the first `keep` of buffer `v` (B, H, S, D) and
+/// appends `append`.
+pub(crate) fn trim_buf(v: &Array, trim_size: i32, keep: i32, append: Option<&Array>) -> Result<Array> {
+    let mut parts = Vec::new();
+    if trim_size > 0 {
+        parts.push(v.slice_axis(2, 0, keep)?);
+        parts.push(v.slice_axis(2, trim_size + keep, i32::MAX)?);
+    } else {
+        parts.push(v.clone());
+    }
+    if let Some(a) = append {
+        parts.push(a.clone());
+    }
+    Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 2)?)
+}
+
+/// `_temporal_order`: buffer `v` (B, H, S, D) with ring index `idx` after `offset` positions, in
+/// temporal order and cut to its used part.
+pub(crate) fn temporal_order(v: &Array, keep: i32, idx: i32, offset: i32) -> Result<Array> {
+    if idx == v.dim(2) {
+        Ok(v.clone())
+    } else if idx < offset {
+        let parts = [v.slice_axis(2, 0, keep)?, v.slice_axis(2, idx, i32::MAX)?, v.slice_axis(2, keep, idx)?];
+        Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 2)?)
+    } else {
+        Ok(v.slice_axis(2, 0, idx)?)
+    }
+}
+
 /// `mx.roll` of a 1-D array.
 fn roll(x: &Array, shift: i32) -> Result<Array> {
     let n = x.dim(0);
@@ -142,6 +152,27 @@ fn roll(x: &Array, shift: i32) -> Result<Array> {
         return Ok(x.clone());
     }
     Ok(ops::concatenate(&[&x.slice_axis(0, n - s, n)?, &x.slice_axis(0, 0, n - s)?], 0)?)
+}
+
+/// `RotatingKVCache.make_mask` for a cache at `offset` with ring index `idx` (shared with the
+/// paged ring, which keeps the same layout).
+pub(crate) fn rotating_mask(n: i32, window_size: Option<i32>, offset: i32, max_size: i32, idx: i32) -> Result<CacheMask> {
+    if n > 1 {
+        let window = window_size.unwrap_or(max_size);
+        let offset = (max_size - 1).min(offset);
+        if offset + n > window {
+            return Ok(CacheMask::Array(create_causal_mask(n, offset, Some(window))?));
+        }
+        return create_attention_mask(n, offset, false, None);
+    }
+    let Some(window) = window_size else { return Ok(CacheMask::None) };
+    if offset >= window && max_size > window {
+        let idx = if idx >= max_size { 0 } else { idx };
+        let mask_size = if offset < max_size { offset + 1 } else { max_size };
+        let mask = ops::arange(0.0, f64::from(mask_size), 1.0, Dtype::I32)?.ge_scalar(f64::from(mask_size - window))?;
+        return Ok(CacheMask::Array(roll(&mask, idx + 1)?));
+    }
+    Ok(CacheMask::None)
 }
 
 impl KvCache for RotatingCache {
@@ -175,22 +206,11 @@ impl KvCache for RotatingCache {
     }
 
     fn make_mask(&self, n: i32, window_size: Option<i32>) -> Result<CacheMask> {
-        if n > 1 {
-            let window = window_size.unwrap_or(self.max_size);
-            let offset = (self.max_size - 1).min(self.offset);
-            if offset + n > window {
-                return Ok(CacheMask::Array(create_causal_mask(n, offset, Some(window))?));
-            }
-            return create_attention_mask(n, offset, false, None);
-        }
-        let Some(window) = window_size else { return Ok(CacheMask::None) };
-        if self.offset >= window && self.max_size > window {
-            let idx = if self.idx >= self.max_size { 0 } else { self.idx };
-            let mask_size = if self.offset < self.max_size { self.offset + 1 } else { self.max_size };
-            let mask = ops::arange(0.0, f64::from(mask_size), 1.0, Dtype::I32)?.ge_scalar(f64::from(mask_size - window))?;
-            return Ok(CacheMask::Array(roll(&mask, idx + 1)?));
-        }
-        Ok(CacheMask::None)
+        rotating_mask(n, window_size, self.offset, self.max_size, self.idx)
+    }
+
+    fn window(&self) -> Option<(i32, i32)> {
+        Some((self.max_size, self.keep))
     }
 
     fn state(&self) -> Vec<Array> {

@@ -10,7 +10,10 @@ use crate::error::{EngineError, Result};
 use crate::nn::mla::{MlaProjections, MlaSpec};
 use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
+use crate::pipeline::Stage;
+use crate::shard::ShardMode;
 use crate::weights::{Vb, Weights};
+use mlx::distributed::Group;
 use mlx::fast::{self, Mask};
 use mlx::{ops, Array};
 use serde::Deserialize;
@@ -99,14 +102,20 @@ struct Attention {
 }
 
 impl Attention {
+    /// This rank's heads: the query and `kv_b_proj` rows, `o_proj` columns (mlx-lm's `shard`).
+    fn shard(&self, group: &Group) -> Result<Attention> {
+        let proj = self.proj.shard(group)?;
+        let kv_b_proj = self.kv_b_proj.shard(ShardMode::AllToSharded, &[self.kv_b_proj.out_dims()], group)?;
+        Ok(Attention { spec: proj.spec().clone(), proj, kv_b_proj, ..self.clone() })
+    }
+
     fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l, h, nope) = (x.dim(0), x.dim(1), self.spec.n_heads, self.spec.qk_nope_head_dim);
         let p = self.proj.project(x)?;
         let kv = self.kv_b_proj.forward(&p.kv_latent)?.reshape(&[b, l, h, -1])?.transpose(&[0, 2, 1, 3])?;
         let (k_nope, values) = (kv.slice_axis(-1, 0, nope)?, kv.slice_axis(-1, nope, i32::MAX)?);
-        let offset = cache.offset();
-        let q_pe = self.rope.forward(&p.q_pe, offset)?;
-        let k_pe = self.rope.forward(&p.k_pe, offset)?;
+        let q_pe = self.rope.forward_cached(&p.q_pe, cache)?;
+        let k_pe = self.rope.forward_cached(&p.k_pe, cache)?;
         let k_pe = ops::concatenate(&vec![&k_pe; h as usize], 1)?; // mx.repeat(k_pe, heads, axis=1)
         let keys = ops::concatenate(&[&k_nope, &k_pe], -1)?;
         let queries = ops::concatenate(&[&p.q_nope, &q_pe], -1)?;
@@ -159,6 +168,8 @@ struct Moe {
     gate: Gate,
     switch_mlp: SwitchGlu,
     shared_experts: Option<GluMlp>,
+    /// Tensor parallel: every expert holds this rank's hidden units; the output is summed here.
+    reduce: Option<Group>,
 }
 
 #[derive(Clone)]
@@ -180,6 +191,20 @@ impl Ffn {
         }
     }
 
+    /// The routed and shared experts keep this rank's block of hidden units, their sum is summed
+    /// over the group once (mlx-lm's `sharding_group`); the router stays whole.
+    fn shard(&self, group: &Group) -> Result<Ffn> {
+        Ok(match self {
+            Ffn::Dense(m) => Ffn::Dense(m.shard(group, true)?),
+            Ffn::Moe(m) => Ffn::Moe(Moe {
+                gate: m.gate.clone(),
+                switch_mlp: m.switch_mlp.shard(group)?,
+                shared_experts: m.shared_experts.as_ref().map(|s| s.shard(group, false)).transpose()?,
+                reduce: Some(group.clone()),
+            }),
+        })
+    }
+
     fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Ffn::Dense(m) => m.forward(x),
@@ -187,8 +212,12 @@ impl Ffn {
                 let (inds, scores) = m.gate.forward(x)?;
                 let y = m.switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
                 let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?;
-                match &m.shared_experts {
-                    Some(s) => Ok(y.add(&s.forward(x)?)?),
+                let y = match &m.shared_experts {
+                    Some(s) => y.add(&s.forward(x)?)?,
+                    None => y,
+                };
+                match &m.reduce {
+                    Some(g) => Ok(g.all_sum(&y)?),
                     None => Ok(y),
                 }
             }
@@ -208,7 +237,9 @@ pub struct DeepseekV2 {
     model_type: String,
     vocab_size: i32,
     embed_tokens: Embedding,
+    /// The layers this process runs: all of them, or a pipeline stage's.
     layers: Vec<Layer>,
+    stage: Option<Stage>,
     norm: RmsNorm,
     lm_head: Linear,
 }
@@ -231,6 +262,7 @@ fn load_moe(vb: &Vb<'_>, c: &Config, q: &QuantConfig) -> Result<Moe> {
             .n_shared_experts
             .map(|n| GluMlp::load(&vb.pp("shared_experts"), c.hidden_size, c.moe_intermediate_size * n, q))
             .transpose()?,
+        reduce: None,
     })
 }
 
@@ -247,7 +279,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     }
     let vb = weights.view("model");
     let mut layers = Vec::with_capacity(c.num_hidden_layers.max(0) as usize);
-    for i in 0..c.num_hidden_layers {
+    for i in (0..c.num_hidden_layers).filter(|&i| weights.loads_layer(i)) {
         let l = vb.pp("layers").pp(i);
         let a = l.pp("self_attn");
         let kv_b_out = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
@@ -274,6 +306,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         vocab_size: c.vocab_size,
         embed_tokens: Embedding::load(&vb.pp("embed_tokens"), c.vocab_size, c.hidden_size, q)?,
         layers,
+        stage: None,
         norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
         lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
     }))
@@ -319,6 +352,20 @@ impl Model for DeepseekV2 {
         v
     }
 
+    fn shard(&mut self, group: &Group) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn = layer.self_attn.shard(group)?;
+            layer.mlp = layer.mlp.shard(group)?;
+        }
+        Ok(())
+    }
+
+    fn pipeline(&mut self, stage: Stage) -> Result<()> {
+        stage.check_loaded(self.layers.len())?;
+        self.stage = Some(stage);
+        Ok(())
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
         default_caches(self.layers.len(), None)
     }
@@ -331,11 +378,17 @@ impl Model for DeepseekV2 {
         check_caches(cache, self.layers.len())?;
         let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
         let mask: CacheMask = cache[0].make_mask(tokens.dim(1), None)?;
+        if let Some(s) = &self.stage {
+            h = s.receive(&h)?;
+        }
         for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.as_mask(), c.as_mut())?;
             let h1 = h.add(&r)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&r)?;
+        }
+        if let Some(s) = &self.stage {
+            h = s.pass_on(&h)?;
         }
         self.lm_head.forward(&self.norm.forward(&h)?) // (B, L, vocab)
     }

@@ -11,6 +11,8 @@ use crate::error::{EngineError, Result};
 use crate::nn::mla::{finfo_min, MlaProjections, MlaSpec, MultiLinear};
 use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
+use crate::pipeline::Stage;
+use mlx::distributed::Group;
 use crate::weights::{Vb, Weights};
 use mlx::fast::{self, Mask};
 use mlx::ops::{self, QuantSpec};
@@ -45,13 +47,23 @@ struct Attention {
 }
 
 impl Attention {
+    /// This rank's heads (mlx-lm's `shard`): the query rows, the heads' `embed_q`/`unembed_out`,
+    /// and `o_proj` columns summed over the group.
+    fn shard(&self, group: &Group) -> Result<Attention> {
+        Ok(Attention {
+            proj: self.proj.shard(group)?,
+            embed_q: self.embed_q.shard_heads(group)?,
+            unembed_out: self.unembed_out.shard_heads(group)?,
+            ..self.clone()
+        })
+    }
+
     /// `mask`: the boolean causal mask (mlx-lm's `return_array=True`), `None` for one position.
     fn forward(&self, x: &Array, mask: Option<&Array>, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let p = self.proj.project(x)?;
-        let offset = cache.offset();
-        let q_pe = self.rope.forward(&p.q_pe, offset)?;
-        let k_pe = self.rope.forward(&p.k_pe, offset)?;
+        let q_pe = self.rope.forward_cached(&p.q_pe, cache)?;
+        let k_pe = self.rope.forward_cached(&p.k_pe, cache)?;
         let kv_latent = p.kv_latent.expand_dims(&[1])?; // (B, 1, L, kv_lora_rank)
         if cache.quantization().is_some() {
             return Err(EngineError::Invalid(
@@ -123,14 +135,15 @@ impl Gate {
 #[derive(Clone)]
 enum Ffn {
     Dense(GluMlp),
-    Moe { gate: Gate, switch_mlp: SwitchGlu, shared_experts: Option<GluMlp> },
+    /// `reduce`: tensor parallel, the experts' outputs summed over the group once.
+    Moe { gate: Gate, switch_mlp: SwitchGlu, shared_experts: Option<GluMlp>, reduce: Option<Group> },
 }
 
 impl Ffn {
     fn arrays(&self) -> Vec<&Array> {
         match self {
             Ffn::Dense(m) => m.arrays(),
-            Ffn::Moe { gate, switch_mlp, shared_experts } => {
+            Ffn::Moe { gate, switch_mlp, shared_experts, .. } => {
                 let mut v = vec![&gate.weight, &gate.e_score_correction_bias];
                 v.extend(switch_mlp.arrays());
                 v.extend(shared_experts.iter().flat_map(|s| s.arrays()));
@@ -139,15 +152,32 @@ impl Ffn {
         }
     }
 
+    /// As deepseek_v2's: experts and shared experts keep this rank's hidden units, summed once.
+    fn shard(&self, group: &Group) -> Result<Ffn> {
+        Ok(match self {
+            Ffn::Dense(m) => Ffn::Dense(m.shard(group, true)?),
+            Ffn::Moe { gate, switch_mlp, shared_experts, .. } => Ffn::Moe {
+                gate: gate.clone(),
+                switch_mlp: switch_mlp.shard(group)?,
+                shared_experts: shared_experts.as_ref().map(|s| s.shard(group, false)).transpose()?,
+                reduce: Some(group.clone()),
+            },
+        })
+    }
+
     fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe { gate, switch_mlp, shared_experts } => {
+            Ffn::Moe { gate, switch_mlp, shared_experts, reduce } => {
                 let (inds, scores) = gate.forward(x)?;
                 let y = switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
                 let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?.astype(y.dtype())?;
-                match shared_experts {
-                    Some(s) => Ok(y.add(&s.forward(x)?)?),
+                let y = match shared_experts {
+                    Some(s) => y.add(&s.forward(x)?)?,
+                    None => y,
+                };
+                match reduce {
+                    Some(g) => Ok(g.all_sum(&y)?),
                     None => Ok(y),
                 }
             }
@@ -167,7 +197,9 @@ pub struct DeepseekV3 {
     model_type: String,
     vocab_size: i32,
     embed_tokens: Embedding,
+    /// The layers this process runs: all of them, or a pipeline stage's.
     layers: Vec<Layer>,
+    stage: Option<Stage>,
     norm: RmsNorm,
     lm_head: Linear,
 }
@@ -229,6 +261,7 @@ fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &Routing, spec: &MlaSpec, rop
                 .n_shared_experts
                 .map(|n| GluMlp::load(&m.pp("shared_experts"), d, c.moe_intermediate_size * n, q))
                 .transpose()?,
+            reduce: None,
         }
     } else {
         Ffn::Dense(GluMlp::load(&l.pp("mlp"), d, c.intermediate_size, q)?)
@@ -265,8 +298,9 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     let spec = mla_spec(&c);
     let rope = rope_for(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref())?;
     let scale = spec.scale(c.rope_scaling.as_ref());
-    // sanitize: stack experts, split kv_b_proj, drop the multi-token-prediction layer (61) and
-    // precomputed rotary frequencies.
+    // sanitize: int4 and FP8 checkpoints as published, stack experts, split kv_b_proj, drop the
+    // multi-token-prediction layer (61) and precomputed rotary frequencies.
+    super::hf_quant::sanitize(weights)?;
     for i in 0..c.num_hidden_layers {
         stack_experts(weights, &format!("model.layers.{i}.mlp"), c.n_routed_experts.unwrap_or(0))?;
         split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &c)?;
@@ -274,6 +308,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     weights.drop_where(|n| n.starts_with("model.layers.61") || n.contains("rotary_emb.inv_freq"));
     let vb = weights.view("model");
     let layers = (0..c.num_hidden_layers)
+        .filter(|&i| weights.loads_layer(i))
         .map(|i| load_layer(&vb.pp("layers").pp(i), i, &c, &r, &spec, &rope, scale, q))
         .collect::<Result<Vec<_>>>()?;
     Ok(Box::new(DeepseekV3 {
@@ -281,6 +316,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         vocab_size: c.vocab_size,
         embed_tokens: Embedding::load(&vb.pp("embed_tokens"), c.vocab_size, c.hidden_size, q)?,
         layers,
+        stage: None,
         norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
         lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
     }))
@@ -310,6 +346,20 @@ impl Model for DeepseekV3 {
         v
     }
 
+    fn shard(&mut self, group: &Group) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn = layer.self_attn.shard(group)?;
+            layer.mlp = layer.mlp.shard(group)?;
+        }
+        Ok(())
+    }
+
+    fn pipeline(&mut self, stage: Stage) -> Result<()> {
+        stage.check_loaded(self.layers.len())?;
+        self.stage = Some(stage);
+        Ok(())
+    }
+
     fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
         default_caches(self.layers.len(), None)
     }
@@ -328,11 +378,17 @@ impl Model for DeepseekV3 {
             CacheMask::Causal => Some(create_causal_mask(n, cache[0].offset(), None)?),
             CacheMask::Array(a) => Some(a),
         };
+        if let Some(s) = &self.stage {
+            h = s.receive(&h)?;
+        }
         for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.as_ref(), c.as_mut())?;
             let h1 = h.add(&r)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&r)?;
+        }
+        if let Some(s) = &self.stage {
+            h = s.pass_on(&h)?;
         }
         self.lm_head.forward(&self.norm.forward(&h)?) // (B, L, vocab)
     }

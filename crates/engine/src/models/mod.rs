@@ -1,6 +1,7 @@
 //! The model trait and the registry from config.json's `model_type` to an architecture file.
 pub mod deepseek_v2;
 pub mod deepseek_v3;
+mod hf_quant;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
@@ -36,6 +37,13 @@ pub trait Model: Send {
             group.size(),
             self.model_type()
         )))
+    }
+    /// Runs as pipeline stage `stage` (see [`crate::pipeline`]): the model was built from weights
+    /// restricted to the stage's layers ([`Weights::keep_layers`]) and holds only those, one cache
+    /// each; architectures without it refuse.
+    fn pipeline(&mut self, stage: crate::pipeline::Stage) -> Result<()> {
+        let _ = stage;
+        Err(EngineError::Config(format!("pipeline parallel is not supported for model_type {} yet", self.model_type())))
     }
     /// tokens (B, L) -> logits (B, L, vocab), appending to `cache`.
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array>;

@@ -5,6 +5,7 @@ use super::Model;
 use crate::cache::{CacheMask, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::{Attention, AttentionSpec, Embedding, Linear, QuantConfig, RmsNorm, Rope};
+use crate::pipeline::Stage;
 use crate::shard::ShardMode;
 use crate::weights::Weights;
 use mlx::distributed::Group;
@@ -115,7 +116,11 @@ struct Block {
 pub struct Decoder {
     spec: DecoderSpec,
     embed_tokens: Embedding,
+    /// The layers this process runs: all of them, or a pipeline stage's.
     layers: Vec<Block>,
+    /// The model index of `layers[0]` (0 unless this is a later pipeline stage).
+    first_layer: usize,
+    stage: Option<Stage>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
 }
@@ -133,7 +138,7 @@ impl Decoder {
         let vb = weights.view("model");
         let (d, ff) = (a.hidden, spec.intermediate_size);
         let mut layers = Vec::with_capacity(spec.num_layers as usize);
-        for i in 0..spec.num_layers {
+        for i in (0..spec.num_layers).filter(|&i| weights.loads_layer(i)) {
             let l = vb.pp("layers").pp(i);
             layers.push(Block {
                 self_attn: Attention::load(&l.pp("self_attn"), a, rope.clone(), q)?,
@@ -149,7 +154,8 @@ impl Decoder {
         } else {
             Some(Linear::load(&weights.view("lm_head"), d, spec.vocab_size, false, q)?)
         };
-        Ok(Decoder { spec, embed_tokens, layers, norm, lm_head })
+        let first_layer = weights.first_layer() as usize;
+        Ok(Decoder { spec, embed_tokens, layers, first_layer, stage: None, norm, lm_head })
     }
 }
 
@@ -163,6 +169,12 @@ impl Model for Decoder {
             layer.self_attn = layer.self_attn.shard(group)?;
             layer.mlp = layer.mlp.shard(group)?;
         }
+        Ok(())
+    }
+
+    fn pipeline(&mut self, stage: Stage) -> Result<()> {
+        stage.check_loaded(self.layers.len())?;
+        self.stage = Some(stage);
         Ok(())
     }
 
@@ -184,7 +196,7 @@ impl Model for Decoder {
     }
 
     fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
-        (0..self.layers.len())
+        (self.first_layer..self.first_layer + self.layers.len())
             .map(|i| match &self.spec.cache_layout {
                 CacheLayout::PerLayer { sliding_window: Some(w), .. } if self.spec.cache_layout.is_sliding(i) => {
                     Box::new(RotatingCache::new(*w, 0)) as Box<dyn KvCache>
@@ -216,21 +228,30 @@ impl Model for Decoder {
         // one from the first sliding layer's cache with the window.
         let n = tokens.dim(1);
         let layout = &self.spec.cache_layout;
-        let fa = (0..cache.len()).find(|&i| !layout.is_sliding(i)).unwrap_or(0);
+        // Model layer index of local layer i (a pipeline stage runs a later range).
+        let sliding = |i: usize| layout.is_sliding(self.first_layer + i);
+        let fa = (0..cache.len()).find(|&i| !sliding(i)).unwrap_or(0);
         let fa_mask = cache[fa].make_mask(n, None)?;
         let swa_mask = match layout {
-            CacheLayout::PerLayer { sliding_window, .. } => match (0..cache.len()).find(|&i| layout.is_sliding(i)) {
+            CacheLayout::PerLayer { sliding_window, .. } => match (0..cache.len()).find(|&i| sliding(i)) {
                 Some(i) => cache[i].make_mask(n, *sliding_window)?,
                 None => CacheMask::None,
             },
             CacheLayout::Default => CacheMask::None,
         };
+        // A pipeline stage starts from the previous stage's output (mlx-lm's qwen2.py order).
+        if let Some(s) = &self.stage {
+            h = s.receive(&h)?;
+        }
         for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
-            let mask = if layout.is_sliding(i) { swa_mask.as_mask() } else { fa_mask.as_mask() };
+            let mask = if sliding(i) { swa_mask.as_mask() } else { fa_mask.as_mask() };
             let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, c.as_mut())?;
             let h1 = h.add(&r)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&r)?;
+        }
+        if let Some(s) = &self.stage {
+            h = s.pass_on(&h)?;
         }
         let h = self.norm.forward(&h)?;
         match &self.lm_head {

@@ -153,9 +153,8 @@ impl Attention {
             Qkv::Fused(f) => self.split_fused(&f.forward(x)?, b, l)?,
         };
 
-        let offset = cache.offset();
-        let queries = self.rope.forward(&queries, offset)?;
-        let keys = self.rope.forward(&keys, offset)?;
+        let queries = self.rope.forward_cached(&queries, cache)?;
+        let keys = self.rope.forward_cached(&keys, cache)?;
         let out = match cache.quantization() {
             // mlx-lm's quantized_scaled_dot_product_attention over a QuantizedKVCache.
             Some(spec) => {

@@ -116,6 +116,12 @@ impl Linear {
         Ok(Linear { kind, bias, reduce })
     }
 
+    /// As [`Linear::shard`], but a sharded-to-all layer does not sum over the group (mlx-lm's
+    /// `shard_inplace`): its caller sums a whole block's partial outputs at once (DeepSeek's MoE).
+    pub fn shard_inplace(&self, mode: ShardMode, segments: &[i32], group: &Group) -> Result<Linear> {
+        Ok(Linear { reduce: None, ..self.shard(mode, segments, group)? })
+    }
+
     /// x (..., in) -> (..., out)
     pub fn forward(&self, x: &Array) -> Result<Array> {
         if let Some(group) = &self.reduce {

@@ -4,7 +4,9 @@
 use super::quant::{QuantConfig, Quantized};
 use super::{Linear, RmsNorm, RopeScaling};
 use crate::error::Result;
+use crate::shard::ShardMode;
 use crate::weights::Vb;
+use mlx::distributed::Group;
 use mlx::{ops, Array, Dtype};
 
 /// The attention shape, as DeepSeek configs give it.
@@ -96,6 +98,30 @@ impl MlaProjections {
         v
     }
 
+    /// This rank's heads for tensor parallel over `group` (mlx-lm's deepseek `shard`): the query
+    /// projection (`q_proj`, or `q_b_proj` after the shared low-rank part) keeps its heads' rows,
+    /// `o_proj` the matching columns summed over the group; the compressed key/value path, shared
+    /// by all heads, stays whole.
+    pub fn shard(&self, group: &Group) -> Result<MlaProjections> {
+        let heads = crate::shard::check_divides("the attention heads", self.spec.n_heads, group.size())?;
+        let q = match &self.q {
+            QProj::Direct(p) => QProj::Direct(p.shard(ShardMode::AllToSharded, &[p.out_dims()], group)?),
+            QProj::LowRank { a, norm, b } => {
+                QProj::LowRank { a: a.clone(), norm: norm.clone(), b: b.shard(ShardMode::AllToSharded, &[b.out_dims()], group)? }
+            }
+        };
+        Ok(MlaProjections {
+            q,
+            o_proj: self.o_proj.shard(ShardMode::ShardedToAll, &[], group)?,
+            spec: MlaSpec { n_heads: heads, ..self.spec.clone() },
+            ..self.clone()
+        })
+    }
+
+    pub fn spec(&self) -> &MlaSpec {
+        &self.spec
+    }
+
     pub fn project(&self, x: &Array) -> Result<MlaInputs> {
         let s = &self.spec;
         let (b, l) = (x.dim(0), x.dim(1));
@@ -147,6 +173,20 @@ impl MultiLinear {
             MultiKind::Float(w) => vec![w],
             MultiKind::Quant(q) => q.arrays().to_vec(),
         }
+    }
+
+    /// This rank's block of the heads (axis 0) for tensor parallel over `group`.
+    pub fn shard_heads(&self, group: &Group) -> Result<MultiLinear> {
+        let part = |a: &Array| crate::shard::block(a, 0, group.rank(), group.size());
+        Ok(MultiLinear(match &self.0 {
+            MultiKind::Float(w) => MultiKind::Float(part(w)?),
+            MultiKind::Quant(q) => MultiKind::Quant(Quantized {
+                weight: part(&q.weight)?,
+                scales: part(&q.scales)?,
+                biases: part(&q.biases)?,
+                spec: q.spec,
+            }),
+        }))
     }
 
     /// `x @ W.swapaxes(-1, -2)` (transpose) or `x @ W`, per head.

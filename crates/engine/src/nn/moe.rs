@@ -3,9 +3,12 @@
 use super::quant::QuantConfig;
 use super::Linear;
 use crate::error::{EngineError, Result};
+use crate::shard::{self, ShardMode};
 use crate::weights::{Vb, Weights};
+use mlx::distributed::Group;
 use mlx::ops::{self, QuantSpec};
-use mlx::Array;
+use mlx::runtime::Device;
+use mlx::{Array, Dtype};
 
 /// mlx-lm's `sanitize` expert stacking: `{prefix}.experts.{e}.{m}.{k}` for every expert `e` becomes
 /// `{prefix}.switch_mlp.{m}.{k}` (stacked on a new first axis), for m in gate/down/up projections
@@ -62,10 +65,35 @@ impl SwitchLinear {
         }
     }
 
+    /// This rank's block of every expert (mlx-lm's `shard_inplace`): its output rows (axis -2) for
+    /// all-to-sharded, its input columns (axis -1) for sharded-to-all; no sum over the group here.
+    pub fn shard(&self, mode: ShardMode, group: &Group) -> Result<SwitchLinear> {
+        let axis = if mode == ShardMode::AllToSharded { -2 } else { -1 };
+        let part = |a: &Array| shard::block(a, axis, group.rank(), group.size());
+        Ok(SwitchLinear(match &self.0 {
+            SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
+            SwitchKind::Quant { weight, scales, biases, spec } => {
+                SwitchKind::Quant { weight: part(weight)?, scales: part(scales)?, biases: part(biases)?, spec: *spec }
+            }
+        }))
+    }
+
     /// x (..., 1, in) with expert `indices` -> (..., 1, out).
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         Ok(match &self.0 {
-            SwitchKind::Float(w) => ops::gather_mm(x, &w.swapaxes(-1, -2)?, None, Some(indices), sorted)?,
+            SwitchKind::Float(w) => {
+                let y = ops::gather_mm(x, &w.swapaxes(-1, -2)?, None, Some(indices), sorted)?;
+                // MLX's CPU kernel fails at evaluation with an internal message otherwise.
+                if y.dtype() != Dtype::F32 && mlx::runtime::default_device() == Device::Cpu {
+                    return Err(EngineError::Invalid(format!(
+                        "this model's unquantized mixture-of-experts layers compute in {}, which MLX runs only \
+                         in float32 on the CPU: use a GPU, or a quantized or float32 copy of the model \
+                         (mlx_lm.convert -q, or --dtype float32)",
+                        y.dtype().name()
+                    )));
+                }
+                y
+            }
             SwitchKind::Quant { weight, scales, biases, spec } => {
                 ops::gather_qmm(x, weight, scales, Some(biases), Some(indices), true, *spec, sorted)?
             }
@@ -92,6 +120,15 @@ impl SwitchGlu {
 
     pub fn arrays(&self) -> Vec<&Array> {
         [self.gate_proj.arrays(), self.up_proj.arrays(), self.down_proj.arrays()].concat()
+    }
+
+    /// This rank's block of every expert's hidden units; the caller sums the outputs over `group`.
+    pub fn shard(&self, group: &Group) -> Result<SwitchGlu> {
+        Ok(SwitchGlu {
+            gate_proj: self.gate_proj.shard(ShardMode::AllToSharded, group)?,
+            up_proj: self.up_proj.shard(ShardMode::AllToSharded, group)?,
+            down_proj: self.down_proj.shard(ShardMode::ShardedToAll, group)?,
+        })
     }
 
     /// x (B, L, dims), indices (B, L, k) -> (B, L, k, dims): each token through each chosen expert.
@@ -148,6 +185,17 @@ impl GluMlp {
 
     pub fn arrays(&self) -> Vec<&Array> {
         [self.gate_proj.arrays(), self.up_proj.arrays(), self.down_proj.arrays()].concat()
+    }
+
+    /// This rank's block of the hidden units for tensor parallel over `group`; with `reduce` the
+    /// output is summed over the group (a dense layer), without it the caller sums (shared experts).
+    pub fn shard(&self, group: &Group, reduce: bool) -> Result<GluMlp> {
+        let down = if reduce { Linear::shard } else { Linear::shard_inplace };
+        Ok(GluMlp {
+            gate_proj: self.gate_proj.shard(ShardMode::AllToSharded, &[self.gate_proj.out_dims()], group)?,
+            up_proj: self.up_proj.shard(ShardMode::AllToSharded, &[self.up_proj.out_dims()], group)?,
+            down_proj: down(&self.down_proj, ShardMode::ShardedToAll, &[], group)?,
+        })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

@@ -15,10 +15,14 @@ pub struct QuantConfig {
 }
 
 impl QuantConfig {
-    /// Parses `config["quantization"]` (or the identical `quantization_config`).
+    /// Parses `config["quantization"]` (or the identical `quantization_config`); a Hugging Face
+    /// `quantization_config` (with a `quant_method`) as mlx-lm's `load_model` reads it.
     pub fn from_config(config: &serde_json::Value) -> Result<QuantConfig> {
-        let Some(q) = config.get("quantization").or_else(|| config.get("quantization_config")) else {
-            return Ok(QuantConfig::default());
+        let q = match (config.get("quantization"), config.get("quantization_config")) {
+            (Some(q), _) => q,
+            (None, Some(hf)) if hf.get("quant_method").is_some() => return Self::from_hf(hf),
+            (None, Some(q)) => q,
+            (None, None) => return Ok(QuantConfig::default()),
         };
         let obj = q.as_object().ok_or_else(|| EngineError::Config("`quantization` is not an object".into()))?;
         if let Some(mode) = obj.get("mode").and_then(|m| m.as_str()) {
@@ -46,6 +50,37 @@ impl QuantConfig {
             }
         }
         Ok(QuantConfig { default: Some(spec(q, "(top level)")?), overrides })
+    }
+
+    /// mlx-lm's "legacy" `quantization_config` branch for the methods it maps to MLX affine
+    /// quantization; FP8 block-scaled checkpoints stay unquantized here (the architecture's
+    /// `sanitize` dequantizes them), and methods mlx-lm does not know are ignored as it ignores them.
+    fn from_hf(hf: &serde_json::Value) -> Result<QuantConfig> {
+        let method = hf.get("quant_method").and_then(|m| m.as_str()).unwrap_or_default();
+        let unsupported =
+            |what: String| Err(EngineError::Config(format!("quantization_config: {what} is not supported (only MLX affine quantization)")));
+        match method {
+            "fp8" => {
+                let ue8m0 = hf.get("scale_fmt").and_then(|f| f.as_str()) == Some("ue8m0");
+                let blocks32 = hf.get("weight_block_size") == Some(&serde_json::json!([32, 32]));
+                if ue8m0 && blocks32 {
+                    return unsupported("fp8 with ue8m0 scales over 32x32 blocks (MLX's mxfp8 mode)".into());
+                }
+                Ok(QuantConfig::default())
+            }
+            "compressed-tensors" => match hf.get("format").and_then(|f| f.as_str()) {
+                Some("pack-quantized") => {
+                    Ok(QuantConfig { default: Some(QuantSpec { group_size: 32, bits: 4 }), overrides: HashMap::new() })
+                }
+                Some(f @ ("nvfp4-pack-quantized" | "mxfp4-pack-quantized")) => unsupported(format!("compressed-tensors format {f:?}")),
+                f => Err(EngineError::Config(format!(
+                    "unsupported compressed-tensors format {}; dequantize to bf16 before converting",
+                    f.map_or("(none)".to_owned(), |f| format!("{f:?}"))
+                ))),
+            },
+            "bitnet" | "mxfp4" | "mxfp8" | "modelopt" | "awq" | "gptq" => unsupported(format!("quant_method {method:?}")),
+            _ => Ok(QuantConfig::default()),
+        }
     }
 
     /// The parameters of the layer at `vb` with `in_dims` inputs, or `None` if it is stored as floats.
@@ -103,5 +138,31 @@ impl Quantized {
     /// x @ Wᵀ for the packed W.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
         Ok(mlx::ops::quantized_matmul(x, &self.weight, &self.scales, Some(&self.biases), true, self.spec)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hf(q: serde_json::Value) -> Result<QuantConfig> {
+        QuantConfig::from_config(&json!({ "quantization_config": q }))
+    }
+
+    #[test]
+    fn hugging_face_quantization_configs() {
+        let fp8 = hf(json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]})).unwrap();
+        assert_eq!(fp8.default, None, "FP8 block-scaled weights are dequantized by sanitize");
+        let mx = hf(json!({"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [32, 32]}));
+        assert!(mx.unwrap_err().to_string().contains("mxfp8"));
+        let int4 = hf(json!({"quant_method": "compressed-tensors", "format": "pack-quantized"})).unwrap();
+        assert_eq!(int4.default, Some(QuantSpec { group_size: 32, bits: 4 }));
+        let f8 = hf(json!({"quant_method": "compressed-tensors", "format": "float-quantized"}));
+        assert!(f8.unwrap_err().to_string().contains("float-quantized"));
+        assert!(hf(json!({"quant_method": "awq", "bits": 4})).is_err());
+        // MLX's own entry, with no quant_method, still reads as before.
+        let mlx = hf(json!({"group_size": 64, "bits": 4})).unwrap();
+        assert_eq!(mlx.default, Some(QuantSpec { group_size: 64, bits: 4 }));
     }
 }

@@ -23,6 +23,13 @@ pub struct RopeScaling {
     pub mscale_all_dim: Option<f64>,
 }
 
+/// Where the rotated positions start.
+#[derive(Clone, Copy)]
+enum Offset<'a> {
+    Same(i32),
+    Rows(&'a Array),
+}
+
 #[derive(Clone)]
 pub enum Rope {
     /// `mx.fast.rope(x, dims, traditional, base, scale, offset)`
@@ -57,13 +64,31 @@ impl Rope {
 
     /// x (B, heads, L, head_dim) rotated for positions offset..offset+L.
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        self.apply(x, Offset::Same(offset))
+    }
+
+    /// x (B, heads, L, head_dim) with row b rotated for positions offsets[b]..offsets[b]+L
+    /// (offsets (B,) int32: a batch of sequences of different lengths).
+    pub fn forward_rows(&self, x: &Array, offsets: &Array) -> Result<Array> {
+        self.apply(x, Offset::Rows(offsets))
+    }
+
+    /// As the layer's cache says: one offset, or one per row for a batch cache.
+    pub fn forward_cached(&self, x: &Array, cache: &dyn crate::cache::KvCache) -> Result<Array> {
+        match cache.row_offsets() {
+            Some(rows) => self.forward_rows(x, &rows),
+            None => self.forward(x, cache.offset()),
+        }
+    }
+
+    fn apply(&self, x: &Array, offset: Offset<'_>) -> Result<Array> {
+        let rope = |x: &Array, dims: i32, traditional: bool, base: Option<f32>, scale: f32, freqs: Option<&Array>| match offset {
+            Offset::Same(o) => fast::rope(x, dims, traditional, base, scale, o, freqs),
+            Offset::Rows(o) => fast::rope_rows(x, dims, traditional, base, scale, o, freqs),
+        };
         Ok(match self {
-            Rope::Base { dims, traditional, base, scale } => {
-                fast::rope(x, *dims, *traditional, Some(*base), *scale, offset, None)?
-            }
-            Rope::Freqs { dims, traditional, freqs } => {
-                fast::rope(x, *dims, *traditional, None, 1.0, offset, Some(freqs))?
-            }
+            Rope::Base { dims, traditional, base, scale } => rope(x, *dims, *traditional, Some(*base), *scale, None)?,
+            Rope::Freqs { dims, traditional, freqs } => rope(x, *dims, *traditional, None, 1.0, Some(freqs))?,
             Rope::Yarn { dims, traditional, freqs, mscale } => {
                 // x.at[..., :dims].multiply(mscale) when mscale != 1.0 (a weak Python float).
                 let x = if *mscale == 1.0 {
@@ -74,7 +99,7 @@ impl Rope {
                     let head = x.slice_axis(-1, 0, *dims)?.mul_scalar(*mscale)?;
                     ops::concatenate(&[&head, &x.slice_axis(-1, *dims, i32::MAX)?], -1)?
                 };
-                fast::rope(&x, *dims, *traditional, None, 1.0, offset, Some(freqs))?
+                rope(&x, *dims, *traditional, None, 1.0, Some(freqs))?
             }
         })
     }

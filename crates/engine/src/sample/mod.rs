@@ -12,8 +12,9 @@ use crate::error::{EngineError, Result};
 use mlx::{ops, random, Array, Dtype};
 
 pub use logprobs::{token_logprobs, TokenLogprobs};
+pub use mlx::random::KeySeq;
 pub use processors::LogitsProcessors;
-pub use seed::{init_random_draws, seed_as_mlx_lm, xtc_special_tokens};
+pub use seed::{init_random_draws, key_seq_as_mlx_lm, seed_as_mlx_lm, xtc_special_tokens};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerConfig {
@@ -99,8 +100,14 @@ impl SamplerConfig {
         self.temp == 0.0
     }
 
-    /// logprobs (1, vocab) -> token (1,)
+    /// logprobs (1, vocab) -> token (1,), drawing from MLX's global key.
     pub fn sample(&self, logprobs: &Array) -> Result<Array> {
+        self.sample_keyed(logprobs, None)
+    }
+
+    /// [`Self::sample`] drawing from `keys` when given (one request's own stream, so that requests
+    /// batched together each draw as they would alone), else from MLX's global key.
+    pub fn sample_keyed(&self, logprobs: &Array, mut keys: Option<&mut random::KeySeq>) -> Result<Array> {
         if self.temp == 0.0 {
             return Ok(logprobs.argmax(-1, false)?);
         }
@@ -112,12 +119,17 @@ impl SamplerConfig {
             lp = apply_min_p(&lp, self.min_p, self.min_tokens_to_keep)?;
         }
         if self.xtc_probability > 0.0 {
-            lp = apply_xtc(&lp, self.xtc_probability, self.xtc_threshold, &self.xtc_special_tokens)?;
+            let key = keys.as_deref_mut().map(random::KeySeq::next_key).transpose()?;
+            lp = apply_xtc_keyed(&lp, self.xtc_probability, self.xtc_threshold, &self.xtc_special_tokens, key.as_ref())?;
         }
         if self.top_k > 0 {
             lp = apply_top_k(&lp, self.top_k)?;
         }
-        Ok(random::categorical(&lp.mul_scalar(1.0 / self.temp)?, -1)?)
+        let scaled = lp.mul_scalar(1.0 / self.temp)?;
+        Ok(match keys {
+            Some(k) => random::categorical_with_key(&scaled, -1, &k.next_key()?)?,
+            None => random::categorical(&scaled, -1)?,
+        })
     }
 }
 
@@ -153,6 +165,11 @@ pub fn apply_min_p(logprobs: &Array, min_p: f64, min_tokens_to_keep: i32) -> Res
 /// `apply_xtc`: with probability `probability` (one uniform draw), removes every token above
 /// `threshold` but the least likely of them; `special` tokens are never removed.
 pub fn apply_xtc(logits: &Array, probability: f64, threshold: f64, special: &[u32]) -> Result<Array> {
+    apply_xtc_keyed(logits, probability, threshold, special, None)
+}
+
+/// [`apply_xtc`] with its draw made with `key` (else from MLX's global key).
+fn apply_xtc_keyed(logits: &Array, probability: f64, threshold: f64, special: &[u32], key: Option<&Array>) -> Result<Array> {
     let probs = logits.softmax(&[-1], false)?;
     let inf = Array::scalar(f64::INFINITY, probs.dtype())?;
     let above = ops::where_(&probs.gt_scalar(threshold)?, &probs, &inf)?;
@@ -165,7 +182,10 @@ pub fn apply_xtc(logits: &Array, probability: f64, threshold: f64, special: &[u3
         let idx = Array::from_slice(&ids.repeat(rows as usize), &[rows, ids.len() as i32])?;
         mask = mask.put_along_axis(&idx, &Array::scalar(0.0, Dtype::Bool)?, -1)?;
     }
-    let draw = random::uniform(&[], Dtype::F32)?;
+    let draw = match key {
+        Some(k) => random::uniform_with_key(&[], Dtype::F32, k)?,
+        None => random::uniform(&[], Dtype::F32)?,
+    };
     let removed = ops::where_(&mask, &neg_inf_like(logits)?, logits)?;
     Ok(ops::where_(&draw.gt_scalar(probability)?, logits, &removed)?)
 }

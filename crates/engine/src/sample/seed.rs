@@ -22,6 +22,16 @@ pub fn seed_as_mlx_lm(seed: u64, model: &LoadedModel) -> Result<()> {
     Ok(())
 }
 
+/// A request's own key sequence, as MLX's global one after [`seed_as_mlx_lm`] (`draws` from
+/// [`init_random_draws`]): drawing from it gives `mlx-gen generate --seed`'s tokens.
+pub fn key_seq_as_mlx_lm(seed: u64, draws: usize) -> Result<random::KeySeq> {
+    let mut keys = random::KeySeq::new(seed)?;
+    for _ in 0..draws {
+        keys.next_key()?;
+    }
+    Ok(keys)
+}
+
 /// The tokens XTC never removes in mlx_lm.generate: `tokenizer.encode("\n") + eos_token_ids`.
 pub fn xtc_special_tokens(model: &LoadedModel) -> Result<Vec<u32>> {
     let mut ids = model.tokenizer.encode("\n", true)?;

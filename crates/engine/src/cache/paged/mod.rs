@@ -2,8 +2,11 @@
 //! process (one storage array per layer, grown as blocks are first used, capped by a byte budget);
 //! a sequence holds a block table; identical prompt prefixes share full blocks (see [`alloc`]).
 pub mod alloc;
+mod prefix;
+mod ring;
 
 pub use alloc::{AllocError, BlockAllocator, BlockId, SeqId};
+pub use ring::PagedRingCache;
 
 use super::{KvCache, StateNode};
 use crate::error::{EngineError, Result};
@@ -124,6 +127,49 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Copy-on-write: block `src`'s contents into block `dst`, in every layer.
+    fn apply_copies(&mut self, copies: &[alloc::Copy]) -> Result<()> {
+        for &(src, dst) in copies {
+            for l in 0..self.layers.len() {
+                if let Some((k, v)) = self.layers[l].take() {
+                    let cp = |a: &Array| -> Result<Array> {
+                        let blk = a.slice_axis(0, src as i32, src as i32 + 1)?;
+                        let mut stop = a.shape();
+                        stop[0] = dst as i32 + 1;
+                        Ok(a.slice_update(&blk, &[dst as i32, 0, 0, 0], &stop)?)
+                    };
+                    self.layers[l] = Some((cp(&k)?, cp(&v)?));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes keys/values (1, kv_heads, n, D) of one layer at positions `start..start + n` of the
+    /// sequence whose blocks are `table` (storage must hold them).
+    fn write_slots(&mut self, layer: usize, table: &[BlockId], start: i32, keys: &Array, values: &Array) -> Result<()> {
+        let (n, bs) = (keys.dim(2), self.alloc.block_size() as i32);
+        let (mut pk, mut pv) = self.layers[layer].take().ok_or_else(|| EngineError::Invalid("no storage".into()))?;
+        let mut pos = start;
+        while pos < start + n {
+            let blk = *table
+                .get((pos / bs) as usize)
+                .ok_or_else(|| EngineError::Invalid(format!("paged KV cache: position {pos} is past the sequence's blocks")))?;
+            let (blk, slot) = (blk as i32, pos % bs);
+            let run = (bs - slot).min(start + n - pos);
+            let i = pos - start;
+            let kk = keys.slice_axis(2, i, i + run)?;
+            let vv = values.slice_axis(2, i, i + run)?;
+            pk = pk.slice_update(&kk, &[blk, 0, slot, 0], &[blk + 1, pk.dim(1), slot + run, pk.dim(3)])?;
+            pv = pv.slice_update(&vv, &[blk, 0, slot, 0], &[blk + 1, pv.dim(1), slot + run, pv.dim(3)])?;
+            pos += run;
+        }
+        self.layers[layer] = Some((pk, pv));
+        Ok(())
+    }
+}
+
 impl PagedCache {
     fn gather(inner: &Inner, table: &[BlockId], layer: usize, len: i32) -> Result<(Array, Array)> {
         let (k, v) = inner.layers[layer].as_ref().ok_or_else(|| EngineError::Invalid("empty paged cache".into()))?;
@@ -159,39 +205,14 @@ impl KvCache for PagedCache {
                 inner.alloc.truncate(seq, self.offset as usize).map_err(err)?;
             }
             let copies = inner.alloc.extend(seq, (self.offset + n - inner.alloc.seq_len(seq).unwrap_or(0) as i32) as usize).map_err(err)?;
-            for (src, dst) in copies {
-                for l in 0..inner.layers.len() {
-                    if let Some((k, v)) = inner.layers[l].take() {
-                        let cp = |a: &Array| -> Result<Array> {
-                            let blk = a.slice_axis(0, src as i32, src as i32 + 1)?;
-                            let mut stop = a.shape();
-                            stop[0] = dst as i32 + 1;
-                            Ok(a.slice_update(&blk, &[dst as i32, 0, 0, 0], &stop)?)
-                        };
-                        inner.layers[l] = Some((cp(&k)?, cp(&v)?));
-                    }
-                }
-            }
+            inner.apply_copies(&copies)?;
         }
         let table = inner.alloc.block_table(seq).unwrap_or(&[]).to_vec();
         let max_block = table.iter().copied().max().map_or(0, |b| b + 1);
         inner.ensure_storage(self.layer, max_block, keys, values)?;
-        let bs = inner.alloc.block_size() as i32;
-        let (mut pk, mut pv) = inner.layers[self.layer].take().ok_or_else(|| EngineError::Invalid("no storage".into()))?;
-        let mut pos = self.offset;
-        while pos < self.offset + n {
-            let (blk, slot) = (table[(pos / bs) as usize] as i32, pos % bs);
-            let run = (bs - slot).min(self.offset + n - pos);
-            let i = pos - self.offset;
-            let kk = keys.slice_axis(2, i, i + run)?;
-            let vv = values.slice_axis(2, i, i + run)?;
-            pk = pk.slice_update(&kk, &[blk, 0, slot, 0], &[blk + 1, pk.dim(1), slot + run, pk.dim(3)])?;
-            pv = pv.slice_update(&vv, &[blk, 0, slot, 0], &[blk + 1, pv.dim(1), slot + run, pv.dim(3)])?;
-            pos += run;
-        }
-        inner.layers[self.layer] = Some((pk, pv));
+        inner.write_slots(self.layer, &table, self.offset, keys, values)?;
         self.offset += n;
-        let used = (self.offset as usize).div_ceil(bs as usize);
+        let used = (self.offset as usize).div_ceil(inner.alloc.block_size());
         Self::gather(inner, &table[..used], self.layer, self.offset)
     }
 

@@ -1,6 +1,10 @@
 //! Block accounting tests of the paged cache: sharing, copy-on-write, eviction, and no leak after
-//! 10,000 random operations.
+//! 10,000 random operations; and the rotating window as a ring of blocks: the same keys, values
+//! and masks as the rotating cache, a fixed set of blocks once the window is full, none left after.
 use super::alloc::{AllocError, BlockAllocator};
+use super::PagedPool;
+use crate::cache::{CacheMask, KvCache, RotatingCache};
+use mlx::Array;
 
 fn toks(n: usize, salt: u32) -> Vec<u32> {
     (0..n as u32).map(|i| i * 7 + salt).collect()
@@ -147,4 +151,120 @@ fn ten_thousand_random_operations_leave_the_pool_empty() {
     a.clear_cached();
     assert_eq!(a.cached_blocks(), 0);
     a.check().unwrap();
+}
+
+/// Keys (1, 2, n, 3) whose every element names its position (and the values, negated), so that any
+/// reordering or stale slot shows.
+fn kv_at(start: i32, n: i32) -> (Array, Array) {
+    let data: Vec<f32> = (0..2).flat_map(|h| (start..start + n).flat_map(move |p| (0..3).map(move |d| (p * 100 + h * 10 + d) as f32))).collect();
+    let k = Array::from_slice(&data, &[1, 2, n, 3]).unwrap();
+    let v = k.neg().unwrap();
+    (k, v)
+}
+
+fn mask_of(m: CacheMask) -> Option<(Vec<i32>, Vec<u8>)> {
+    match m {
+        CacheMask::None => None,
+        CacheMask::Causal => Some((vec![], vec![])),
+        CacheMask::Array(a) => Some((a.shape(), a.astype(mlx::Dtype::U8).unwrap().to_vec::<u8>().unwrap())),
+    }
+}
+
+/// Runs `steps` random updates (mostly single positions, some chunks, some trims) through two
+/// layers of rotating caches and of paged rings, checking equal outputs, masks and block accounting.
+fn ring_matches_rotating(max_size: i32, keep: i32, block_size: usize, steps: usize, seed: u64) {
+    let mut rng = seed;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    let pool = PagedPool::new(2, block_size, 1 << 30);
+    let (mut ring, reused) = pool.new_windowed_sequence(&[1, 2, 3], &[Some((max_size, keep)); 2]).unwrap();
+    assert_eq!(reused, 0);
+    let mut rot: Vec<RotatingCache> = (0..2).map(|_| RotatingCache::new(max_size, keep)).collect();
+    let case = format!("window {max_size}, keep {keep}, blocks of {block_size}");
+    let mut wrapped_tables = 0;
+    for step in 0..steps {
+        let buffer = |rot: &[RotatingCache]| rot.iter().map(|c| c.state().first().map_or(0, |k| k.dim(2))).max().unwrap();
+        let full = buffer(&rot) == max_size && rot[0].offset() >= max_size;
+        let table_before = pool.lock().alloc.block_table(0).map(<[usize]>::to_vec);
+        let n = match next(10) {
+            0 => 2 + next(3 * max_size as usize) as i32,
+            1 if rot[0].is_trimmable() => {
+                let t = next(4) as i32;
+                for l in 0..2 {
+                    assert_eq!(ring[l].trim(t).unwrap(), rot[l].trim(t).unwrap(), "{case}: trim");
+                }
+                continue;
+            }
+            _ => 1,
+        };
+        let off = rot[0].offset();
+        let (k, v) = kv_at(off, n);
+        for l in 0..2 {
+            assert_eq!(mask_of(ring[l].make_mask(n, None).unwrap()), mask_of(rot[l].make_mask(n, None).unwrap()), "{case}: mask");
+            let w = Some(max_size / 2 + 1);
+            assert_eq!(mask_of(ring[l].make_mask(n, w).unwrap()), mask_of(rot[l].make_mask(n, w).unwrap()), "{case}: window mask");
+            let (rk, rv) = ring[l].update_and_fetch(&k, &v).unwrap();
+            let (ek, ev) = rot[l].update_and_fetch(&k, &v).unwrap();
+            assert_eq!(rk.shape(), ek.shape(), "{case}: step {step} layer {l}: keys shape");
+            assert_eq!(rk.to_vec::<f32>().unwrap(), ek.to_vec::<f32>().unwrap(), "{case}: step {step} layer {l}: keys");
+            assert_eq!(rv.to_vec::<f32>().unwrap(), ev.to_vec::<f32>().unwrap(), "{case}: step {step} layer {l}: values");
+            assert_eq!(ring[l].offset(), rot[l].offset());
+        }
+        let inner = pool.lock();
+        inner.alloc.check().unwrap();
+        let table = inner.alloc.block_table(0).unwrap().to_vec();
+        let cap = buffer(&rot);
+        assert_eq!(table.len(), (cap as usize).div_ceil(block_size), "{case}: step {step}: blocks for a buffer of {cap}");
+        if full && n == 1 {
+            // The window is full: the new position went into the ring's blocks, none was added.
+            assert_eq!(Some(&table), table_before.as_ref(), "{case}: step {step}: the ring changed its blocks");
+            wrapped_tables += 1;
+        }
+    }
+    assert!(wrapped_tables > max_size as usize, "{case}: the window wrapped only {wrapped_tables} single steps");
+    drop(ring);
+    let inner = pool.lock();
+    inner.alloc.check().unwrap();
+    assert_eq!((inner.alloc.used_blocks(), inner.alloc.cached_blocks(), inner.alloc.num_sequences()), (0, 0, 0));
+}
+
+#[test]
+fn a_window_is_a_ring_of_blocks() {
+    ring_matches_rotating(10, 4, 4, 400, 1);
+    ring_matches_rotating(13, 4, 4, 400, 2);
+    ring_matches_rotating(16, 0, 4, 400, 3); // sliding-window layers keep nothing
+    ring_matches_rotating(7, 2, 16, 300, 4); // one partial block
+    ring_matches_rotating(260, 4, 32, 600, 5); // grows in steps of 256 first
+}
+
+#[test]
+fn windowed_sequences_mix_full_and_ring_layers_and_free_everything() {
+    let pool = PagedPool::new(3, 4, 1 << 30);
+    for round in 0..3 {
+        let windows = [None, Some((9, 4)), Some((6, 0))];
+        let (mut caches, _) = pool.new_windowed_sequence(&[], &windows).unwrap();
+        let (mut full, _) = pool.new_sequence(&[7, 8, 9]);
+        for step in 0..40 {
+            let n = if step % 7 == 0 { 5 } else { 1 };
+            let (k, v) = kv_at(caches[0].offset(), n);
+            for c in caches.iter_mut().chain(full.iter_mut()) {
+                c.update_and_fetch(&k, &v).unwrap();
+            }
+            pool.lock().alloc.check().unwrap();
+        }
+        assert_eq!(caches[1].window(), Some((9, 4)));
+        assert_eq!(caches[0].window(), None);
+        // Full layers hold every position, rings their window.
+        assert_eq!(caches[0].update_and_fetch(&kv_at(0, 1).0, &kv_at(0, 1).1).unwrap().0.dim(2), caches[0].offset());
+        drop(caches);
+        drop(full);
+        assert_eq!(pool.usage().0, 0, "round {round}: blocks leaked");
+        assert_eq!(pool.usage().2, 0, "round {round}: sequences leaked");
+    }
+    let bad = pool.new_windowed_sequence(&[], &[None, Some((4, 4)), None]);
+    assert!(bad.err().expect("keep >= window is refused").to_string().contains("window must be larger"));
 }

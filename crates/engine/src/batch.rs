@@ -1,0 +1,340 @@
+//! Continuous batching, as mlx-lm's `BatchGenerator`: sequences join and leave a running batch
+//! between steps, and every step decodes all of them in one forward pass over a [`BatchCache`].
+//!
+//! A new sequence is prefilled on its own (its prompt in chunks, a budget of prompt tokens per
+//! step, so the running sequences keep flowing), starting from the longest prefix the optional
+//! prefix pool holds; its first token is sampled from its last prompt position and it joins the
+//! batch. Each step queues the next one before handing out the current tokens (as
+//! `generate_step`), so the host builds step n+1 while the device computes step n. Sampling is per
+//! sequence: its own settings, logits processors and random key stream.
+use crate::cache::{BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
+use crate::error::{EngineError, Result};
+use crate::models::Model;
+use crate::sample::processors::extend_history;
+use crate::sample::SamplerConfig;
+use mlx::random::KeySeq;
+use mlx::{async_eval, ops, Array};
+use std::collections::VecDeque;
+
+/// One sequence's generation settings.
+pub struct SeqParams {
+    pub sampler: SamplerConfig,
+    /// Its own random stream (see `sample::key_seq_as_mlx_lm`); `None` draws from MLX's global key.
+    pub keys: Option<KeySeq>,
+    /// Keep each token's log-probabilities (vocab,) for the caller.
+    pub logprobs: bool,
+}
+
+/// What a step hands out for one sequence.
+pub struct StepToken {
+    pub id: u64,
+    pub token: u32,
+    /// (vocab,) when the sequence asked for them.
+    pub logprobs: Option<Array>,
+}
+
+struct Prefill {
+    id: u64,
+    prompt: Vec<u32>,
+    params: SeqParams,
+    /// Positions already in `cache`.
+    done: usize,
+    cache: Vec<Box<dyn KvCache>>,
+}
+
+struct Row {
+    id: u64,
+    params: SeqParams,
+    /// Tokens whose keys and values the batch cache holds for this row, in order.
+    tokens: Vec<u32>,
+    history: Option<Array>,
+}
+
+/// The queued step: per row, the token to hand out next and its log-probabilities.
+struct Pending {
+    tokens: Array, // (B,)
+    logprobs: Vec<Option<Array>>,
+}
+
+pub struct BatchEngine<'m> {
+    model: &'m dyn Model,
+    prefill_step_size: usize,
+    prefix: Option<PagedPool>,
+    waiting: VecDeque<Prefill>,
+    rows: Vec<Row>,
+    caches: Vec<Box<dyn KvCache>>,
+    pending: Option<Pending>,
+    leaving: Vec<u64>,
+    steps: usize,
+}
+
+impl<'m> BatchEngine<'m> {
+    /// `prefix`: a pool of blocks where finished sequences leave their keys and values for later
+    /// prompts with the same beginning.
+    pub fn new(model: &'m dyn Model, prefill_step_size: usize, prefix: Option<PagedPool>) -> BatchEngine<'m> {
+        BatchEngine {
+            model,
+            prefill_step_size: prefill_step_size.max(1),
+            prefix,
+            waiting: VecDeque::new(),
+            rows: Vec::new(),
+            caches: Vec::new(),
+            pending: None,
+            leaving: Vec::new(),
+            steps: 0,
+        }
+    }
+
+    /// Sequences decoding now and sequences still being prefilled.
+    pub fn len(&self) -> (usize, usize) {
+        (self.rows.len(), self.waiting.len())
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.rows.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Queues sequence `id` with `prompt`; returns how many leading prompt tokens came from the
+    /// prefix pool (they are not computed again).
+    pub fn add(&mut self, id: u64, prompt: Vec<u32>, params: SeqParams) -> Result<usize> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
+        }
+        params.sampler.validate()?;
+        params.sampler.validate_vocab(self.model.vocab_size())?;
+        let n_layers = self.model.make_cache().len();
+        let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
+            Some((n, kv)) if n > 0 && kv.len() == n_layers => {
+                let cache = kv
+                    .into_iter()
+                    .map(|(k, v)| GrowingCache::from_state(Some(k), Some(v), n as i32).map(|c| Box::new(c) as Box<dyn KvCache>))
+                    .collect::<Result<_>>()?;
+                (n, cache)
+            }
+            _ => (0, (0..n_layers).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()),
+        };
+        self.waiting.push_back(Prefill { id, prompt, params, done, cache });
+        Ok(done)
+    }
+
+    /// Ends sequence `id` (finished or cancelled) before the next step; it is forgotten if it is
+    /// still waiting. Its keys and values go to the prefix pool.
+    pub fn finish(&mut self, id: u64) {
+        if let Some(i) = self.waiting.iter().position(|p| p.id == id) {
+            self.waiting.remove(i);
+        } else if self.rows.iter().any(|r| r.id == id) {
+            self.leaving.push(id);
+        }
+    }
+
+    /// Prefills waiting sequences (up to a chunk of prompt tokens), lets the prefilled ones join,
+    /// and decodes one token for every running sequence. Returns the tokens handed out (at most one
+    /// per sequence; a sequence that just joined hands out its first).
+    pub fn step(&mut self) -> Result<Vec<StepToken>> {
+        self.drop_leaving()?;
+        let joined = self.prefill_some()?;
+        if !joined.is_empty() {
+            self.join(joined)?;
+        }
+        let Some(current) = self.pending.take() else { return Ok(Vec::new()) };
+        // Queue the next step, then read this one.
+        let next = self.decode(&current.tokens)?;
+        let mut to_eval: Vec<&Array> = vec![&next.tokens];
+        to_eval.extend(next.logprobs.iter().flatten());
+        let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
+        to_eval.extend(key_states.iter());
+        async_eval(&to_eval)?;
+        let ids = current.tokens.to_vec::<u32>()?;
+        self.pending = Some(next);
+        let mut out = Vec::with_capacity(ids.len());
+        for ((row, &token), logprobs) in self.rows.iter_mut().zip(&ids).zip(current.logprobs) {
+            row.tokens.push(token);
+            out.push(StepToken { id: row.id, token, logprobs });
+        }
+        self.steps += 1;
+        if self.steps.is_multiple_of(256) {
+            mlx::runtime::clear_cache();
+        }
+        Ok(out)
+    }
+
+    /// Removes the rows that `finish` named, leaving their keys and values in the prefix pool.
+    fn drop_leaving(&mut self) -> Result<()> {
+        if self.leaving.is_empty() {
+            return Ok(());
+        }
+        let leaving = std::mem::take(&mut self.leaving);
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !leaving.contains(&self.rows[i].id)).collect();
+        if let Some(pool) = &self.prefix {
+            for (i, row) in self.rows.iter().enumerate().filter(|(i, _)| !keep.contains(i)) {
+                let kv = self.caches.iter().map(|c| batch_cache(c.as_ref())?.row(i)).collect::<Result<Vec<_>>>()?;
+                let n = row.tokens.len().min(kv.first().map_or(0, |(k, _)| k.dim(2) as usize));
+                let kv: Vec<(Array, Array)> = kv.iter().map(|(k, v)| Ok((k.slice_axis(2, 0, n as i32)?, v.slice_axis(2, 0, n as i32)?))).collect::<Result<_>>()?;
+                // A full pool only means this sequence is not kept for reuse.
+                let _ = pool.store(&row.tokens[..n], &kv);
+            }
+        }
+        for c in &mut self.caches {
+            batch_cache_mut(c)?.filter(&keep)?;
+        }
+        if let Some(p) = self.pending.take() {
+            if !keep.is_empty() {
+                let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+                let tokens = p.tokens.take(&Array::from_slice(&idx, &[idx.len() as i32])?, 0)?;
+                let logprobs = keep.iter().map(|&i| p.logprobs[i].clone()).collect();
+                self.pending = Some(Pending { tokens, logprobs });
+            }
+        }
+        let mut i = 0;
+        self.rows.retain(|_| {
+            i += 1;
+            keep.contains(&(i - 1))
+        });
+        if self.rows.is_empty() {
+            self.caches.clear();
+        }
+        Ok(())
+    }
+
+    /// Runs up to `prefill_step_size` prompt positions of the waiting sequences; returns those
+    /// whose prompt is done, each with its first token queued.
+    fn prefill_some(&mut self) -> Result<Vec<(Prefill, Pending, Option<Array>)>> {
+        let mut budget = self.prefill_step_size;
+        let mut joined = Vec::new();
+        while budget > 0 {
+            let Some(p) = self.waiting.front_mut() else { break };
+            let left = p.prompt.len() - p.done;
+            if left > 1 {
+                let n = budget.min(left - 1);
+                let ids: Vec<i32> = p.prompt[p.done..p.done + n].iter().map(|&t| t as i32).collect();
+                self.model.forward(&Array::from_slice(&ids, &[1, n as i32])?, &mut p.cache)?;
+                let state: Vec<Array> = p.cache.iter().flat_map(|c| c.state()).collect();
+                mlx::eval(&state.iter().collect::<Vec<_>>())?;
+                p.done += n;
+                budget -= n;
+                continue;
+            }
+            let mut p = self.waiting.pop_front().expect("front exists");
+            budget -= 1;
+            // The last prompt position: its logits give the first token.
+            let last = *p.prompt.last().expect("non-empty prompt");
+            let input = Array::from_slice(&[last as i32], &[1, 1])?;
+            let logits = self.model.forward(&input, &mut p.cache)?.reshape(&[1, -1])?; // (1, vocab)
+            p.done += 1;
+            if let Some(pool) = &self.prefix {
+                let kv = p.cache.iter().map(|c| filled(c.as_ref())).collect::<Result<Vec<_>>>()?;
+                let _ = pool.store(&p.prompt, &kv);
+            }
+            let history = history_of(&p.params.sampler, &p.prompt)?;
+            let (token, logprobs) = sample_row(&logits, &mut p.params, history.as_ref())?;
+            async_eval(&[&token, &logprobs])?;
+            let lp = p.params.logprobs.then(|| logprobs.squeeze(&[0])).transpose()?;
+            joined.push((p, Pending { tokens: token, logprobs: vec![lp] }, history));
+        }
+        Ok(joined)
+    }
+
+    /// Adds prefilled sequences to the running batch.
+    fn join(&mut self, joined: Vec<(Prefill, Pending, Option<Array>)>) -> Result<()> {
+        if self.caches.is_empty() {
+            self.caches = (0..self.model.make_cache().len()).map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
+        }
+        let (mut tokens, mut logprobs) = match self.pending.take() {
+            Some(p) => (vec![p.tokens], p.logprobs),
+            None => (Vec::new(), Vec::new()),
+        };
+        for (p, first, history) in joined {
+            for (bc, c) in self.caches.iter_mut().zip(&p.cache) {
+                let (k, v) = filled(c.as_ref())?;
+                batch_cache_mut(bc)?.extend(&k, &v)?;
+            }
+            tokens.push(first.tokens);
+            logprobs.extend(first.logprobs);
+            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history });
+        }
+        let tokens = if tokens.len() == 1 { tokens.pop().expect("one") } else { ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)? };
+        self.pending = Some(Pending { tokens, logprobs });
+        Ok(())
+    }
+
+    /// One batched forward over `inputs` (B,): the next tokens and per-row log-probabilities.
+    fn decode(&mut self, inputs: &Array) -> Result<Pending> {
+        let b = inputs.dim(0);
+        let logits = self.model.forward(&inputs.reshape(&[b, 1])?, &mut self.caches)?.reshape(&[b, -1])?; // (B, vocab)
+        let all_greedy = self.rows.iter().all(|r| r.params.sampler.is_greedy() && r.params.sampler.processors.is_empty());
+        if all_greedy {
+            let logprobs = logits.sub(&logits.logsumexp(&[-1], true)?)?;
+            let tokens = logprobs.argmax(-1, false)?;
+            let lps = self.rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| row_of(&logprobs, i)).transpose()).collect::<Result<_>>()?;
+            return Ok(Pending { tokens, logprobs: lps });
+        }
+        let mut tokens = Vec::with_capacity(self.rows.len());
+        let mut lps = Vec::with_capacity(self.rows.len());
+        for (i, row) in self.rows.iter_mut().enumerate() {
+            let input = inputs.slice_axis(0, i as i32, i as i32 + 1)?;
+            let procs = &row.params.sampler.processors;
+            if !procs.is_empty() && procs.history_needed() != Some(0) {
+                row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
+            }
+            let (t, lp) = sample_row(&logits.slice_axis(0, i as i32, i as i32 + 1)?, &mut row.params, row.history.as_ref())?;
+            lps.push(row.params.logprobs.then(|| lp.squeeze(&[0])).transpose()?);
+            tokens.push(t);
+        }
+        let tokens = ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?;
+        Ok(Pending { tokens, logprobs: lps })
+    }
+}
+
+/// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass.
+pub fn kv_bytes_per_token(model: &dyn Model) -> Result<usize> {
+    let mut cache: Vec<Box<dyn KvCache>> = (0..model.make_cache().len()).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect();
+    model.forward(&Array::from_slice(&[0i32], &[1, 1])?, &mut cache)?;
+    let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
+    mlx::eval(&state.iter().collect::<Vec<_>>())?;
+    // A growing cache holds whole steps of 256 positions.
+    Ok((cache.iter().map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
+}
+
+/// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (1, vocab), after the
+/// sequence's logits processors.
+fn sample_row(logits: &Array, params: &mut SeqParams, history: Option<&Array>) -> Result<(Array, Array)> {
+    let procs = &params.sampler.processors;
+    let logits = if procs.is_empty() { logits.clone() } else { procs.apply(history, logits)? };
+    let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
+    let token = params.sampler.sample_keyed(&logprobs, params.keys.as_mut())?;
+    Ok((token, logprobs))
+}
+
+/// The token history the logits processors start from: the prompt (its last `history_needed`).
+fn history_of(sampler: &SamplerConfig, prompt: &[u32]) -> Result<Option<Array>> {
+    let procs = &sampler.processors;
+    if procs.is_empty() || procs.history_needed() == Some(0) {
+        return Ok(None);
+    }
+    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    Ok(Some(extend_history(None, &Array::from_slice(&ids, &[ids.len() as i32])?, procs.history_needed())?))
+}
+
+fn row_of(a: &Array, i: usize) -> Result<Array> {
+    Ok(a.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?)
+}
+
+fn batch_cache(c: &dyn KvCache) -> Result<&BatchCache> {
+    c.as_batch().ok_or_else(|| EngineError::Invalid("the running batch holds a cache that is not a batch cache".into()))
+}
+
+fn batch_cache_mut(c: &mut Box<dyn KvCache>) -> Result<&mut BatchCache> {
+    c.as_batch_mut().ok_or_else(|| EngineError::Invalid("the running batch holds a cache that is not a batch cache".into()))
+}
+
+/// A single sequence's filled keys and values (1, kv_heads, len, D), from its saved state.
+fn filled(c: &dyn KvCache) -> Result<(Array, Array)> {
+    let (_, nodes) = c.saved_state()?;
+    match nodes.as_slice() {
+        [StateNode::Array(k), StateNode::Array(v), StateNode::Int(n), ..] => {
+            let n = *n as i32;
+            Ok((k.slice_axis(2, 0, n)?, v.slice_axis(2, 0, n)?))
+        }
+        _ => Err(EngineError::Invalid("a prefilled cache without keys and values".into())),
+    }
+}
