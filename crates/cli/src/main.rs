@@ -119,7 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         || std::env::var_os("MLX_GEN_FUSE").is_some();
     engine::nn::set_fused_projections(fuse);
     // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
-    commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_))))?;
+    commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_) | Command::Serve(_))))?;
     let result = match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

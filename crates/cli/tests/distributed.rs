@@ -537,3 +537,80 @@ fn per_rank_peak_memory_is_about_half() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `mlx-gen serve` on 2 ranks (rank 0 serves, rank 1 replays its engine calls) answers as one
+/// process does, greedy and seeded, several requests batched together; SIGTERM to the launcher
+/// ends every rank.
+#[test]
+fn serve_on_2_ranks_answers_as_one_process() {
+    use std::io::{BufRead, BufReader};
+    let model = common::model("llama3-f32");
+    let m = model.to_str().unwrap();
+    let start = |launch: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mlx-gen"));
+        if launch {
+            cmd.args(["launch", "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--timeout", "60", "--"]);
+        }
+        let mut child = cmd
+            .args(["--device", "cpu", "serve", "--model", m, "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.find("http://") {
+                    let _ = tx.send(line[at..].split_whitespace().next().unwrap_or("").to_owned());
+                }
+            }
+        });
+        let base = rx.recv_timeout(Duration::from_secs(120)).expect("serve did not report its address");
+        (child, base)
+    };
+    let requests: Vec<Value> = (0..4)
+        .map(|i| {
+            serde_json::json!({
+                "messages": [{"role": "user", "content": format!("request number {i}")}],
+                "max_tokens": 20 + 4 * i,
+                "temperature": if i % 2 == 0 { 0.0 } else { 0.8 },
+                "seed": i,
+            })
+        })
+        .collect();
+    let ask_all = |base: &str| -> Vec<String> {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let (url, body) = (format!("{base}/v1/chat/completions"), r.to_string());
+                std::thread::spawn(move || {
+                    let text = ureq::post(&url).set("Content-Type", "application/json").send_string(&body).unwrap().into_string().unwrap();
+                    let v: Value = serde_json::from_str(&text).unwrap();
+                    v["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    let (mut single, base) = start(false);
+    let want = ask_all(&base);
+    let _ = single.kill();
+    let _ = single.wait();
+    let (mut group, base) = start(true);
+    let got = ask_all(&base);
+    assert_eq!(got, want, "2-rank answers differ from the single process's");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(group.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = group.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "launch still running 30 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "a launcher stopped by a signal reports it");
+    let leftover = Command::new("pgrep").args(["-f", &format!("serve --model {m} --port 0")]).output().unwrap();
+    assert!(leftover.stdout.is_empty(), "ranks left running: {}", String::from_utf8_lossy(&leftover.stdout));
+}

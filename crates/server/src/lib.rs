@@ -3,6 +3,7 @@
 pub mod api;
 pub mod metrics;
 pub mod reasoning;
+pub mod replica;
 mod routes;
 pub mod stop;
 pub mod worker;
@@ -12,7 +13,7 @@ use engine::LoadedModel;
 use std::sync::Arc;
 
 /// What `mlx-gen serve` was asked for.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServeOptions {
     /// The id `/v1/models` lists and requests may name.
     pub model_id: String,
@@ -25,6 +26,8 @@ pub struct ServeOptions {
     /// Requests waiting for the engine at most; more are refused (503 with Retry-After).
     pub max_queue: usize,
     pub batch: worker::BatchOptions,
+    /// With several ranks (rank 0 serves): how rank 0 hands its engine calls to the others.
+    pub share: Option<replica::Share>,
 }
 
 /// Serves `loaded` until Ctrl-C (or SIGTERM), then lets running requests finish and returns.
@@ -32,7 +35,7 @@ pub fn serve(loaded: LoadedModel, options: ServeOptions) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone()).context("cannot start the engine thread")?;
+    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone(), options.share.clone()).context("cannot start the engine thread")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

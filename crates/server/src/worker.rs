@@ -6,9 +6,10 @@
 //! (a [`engine::cache::PagedPool`]) holds from earlier requests.
 use crate::api::{ApiError, GenParams, Prompt};
 use crate::metrics::Metrics;
-use engine::batch::{BatchEngine, SeqParams, StepToken};
+use crate::replica::{new_engine, new_pool, Call, SeqSpec, Share};
+use engine::batch::{BatchEngine, StepToken};
 use engine::cache::PagedPool;
-use engine::sample::{init_random_draws, key_seq_as_mlx_lm, token_logprobs, KeySeq};
+use engine::sample::{init_random_draws, token_logprobs};
 use engine::tokenizer::StreamingDetokenizer;
 use engine::LoadedModel;
 use std::collections::{HashMap, VecDeque};
@@ -71,7 +72,7 @@ pub struct BatchOptions {
 }
 
 /// Positions per block of the prefix pool (and the unit of the KV metrics).
-const BLOCK: usize = 16;
+pub(crate) const BLOCK: usize = 16;
 
 /// Starts the engine thread; it runs until every sender of its channel is dropped. Once `stopping`
 /// is set, running jobs end at their next token (so that a shutdown never waits on a long stream).
@@ -81,8 +82,14 @@ pub fn spawn(
     metrics: Arc<Metrics>,
     stopping: Arc<AtomicBool>,
     options: BatchOptions,
+    share: Option<Share>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || Worker::new(&loaded, &metrics, options).run(&jobs, &stopping))
+    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
+        let mut worker = Worker::new(&loaded, &metrics, options, share);
+        worker.run(&jobs, &stopping);
+        worker.calls.push(Call::Stop);
+        worker.send_calls();
+    })
 }
 
 /// A job's shared part: its channel and settings. The job ends when its last choice drops it.
@@ -116,6 +123,9 @@ struct Worker<'m> {
     reserved_tokens: usize,
     next_id: u64,
     unseeded: u64,
+    /// With several ranks: the engine calls since the last step, for the other ranks to replay.
+    share: Option<Share>,
+    calls: Vec<Call>,
 }
 
 fn invalid(param: &str, e: impl std::fmt::Display) -> ApiError {
@@ -127,13 +137,12 @@ fn engine_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl<'m> Worker<'m> {
-    fn new(loaded: &'m LoadedModel, metrics: &'m Metrics, options: BatchOptions) -> Worker<'m> {
-        let layers = loaded.model.make_cache().len();
-        let pool = (options.prefix_cache_bytes > 0).then(|| PagedPool::new(layers, BLOCK, options.prefix_cache_bytes));
+    fn new(loaded: &'m LoadedModel, metrics: &'m Metrics, options: BatchOptions, share: Option<Share>) -> Worker<'m> {
+        let pool = new_pool(loaded, &options);
         Worker {
             loaded,
             metrics,
-            engine: BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool.clone()),
+            engine: new_engine(loaded, &options, pool.clone()),
             options,
             pool,
             xtc_special: engine::sample::xtc_special_tokens(loaded).unwrap_or_default(),
@@ -143,10 +152,49 @@ impl<'m> Worker<'m> {
             reserved_tokens: 0,
             next_id: 0,
             unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+            share,
+            calls: Vec::new(),
         }
     }
 
-    fn run(mut self, jobs: &Receiver<Job>, stopping: &AtomicBool) {
+    /// Sends the calls since the last step to the other ranks (with several ranks).
+    fn send_calls(&mut self) {
+        let calls = std::mem::take(&mut self.calls);
+        if let Some(share) = &self.share {
+            let bytes = serde_json::to_vec(&calls).unwrap_or_default();
+            if let Err(e) = share(&bytes) {
+                // A rank is gone: nothing can be computed any more.
+                eprintln!("error: cannot reach the other ranks: {e:#}");
+                std::process::exit(1);
+            }
+        }
+    }
+
+    fn engine_add(&mut self, spec: SeqSpec) -> engine::Result<usize> {
+        let params = spec.params(self.init_draws)?;
+        let r = self.engine.add(spec.id, spec.prompt.clone(), params);
+        if self.share.is_some() {
+            self.calls.push(Call::Add(spec));
+        }
+        r
+    }
+
+    fn engine_finish(&mut self, id: u64) {
+        self.engine.finish(id);
+        if self.share.is_some() {
+            self.calls.push(Call::Finish(id));
+        }
+    }
+
+    fn engine_step(&mut self) -> engine::Result<Vec<StepToken>> {
+        if self.share.is_some() {
+            self.calls.push(Call::Step);
+            self.send_calls();
+        }
+        self.engine.step()
+    }
+
+    fn run(&mut self, jobs: &Receiver<Job>, stopping: &AtomicBool) {
         let mut queue: VecDeque<Job> = VecDeque::new();
         loop {
             if self.choices.is_empty() && queue.is_empty() {
@@ -177,7 +225,7 @@ impl<'m> Worker<'m> {
             if self.engine.is_idle() {
                 continue;
             }
-            match self.engine.step() {
+            match self.engine_step() {
                 Ok(tokens) => {
                     for t in tokens {
                         self.on_token(t);
@@ -191,7 +239,7 @@ impl<'m> Worker<'m> {
                         }
                         self.end(id);
                     }
-                    self.engine = BatchEngine::new(self.loaded.model.as_ref(), self.options.prefill_step_size, self.pool.clone());
+                    self.engine = new_engine(self.loaded, &self.options, self.pool.clone());
                 }
             }
             self.publish();
@@ -251,18 +299,17 @@ impl<'m> Worker<'m> {
         let mut cached = 0;
         for index in 0..n {
             let params = &state.job.params;
-            let keys = match params.seed {
-                Some(seed) => key_seq_as_mlx_lm(seed.wrapping_add(index as u64), self.init_draws),
+            let (seed, as_generate) = match params.seed {
+                Some(seed) => (seed.wrapping_add(index as u64), true),
                 None => {
                     self.unseeded = self.unseeded.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                    KeySeq::new(self.unseeded).map_err(engine::EngineError::from)
+                    (self.unseeded, false)
                 }
             };
             let mut sampler = params.sampler.clone();
             sampler.xtc_special_tokens = self.xtc_special.clone();
-            let added = keys.and_then(|keys| {
-                self.engine.add(self.next_id, prompt.clone(), SeqParams { sampler, keys: Some(keys), logprobs: params.logprobs.is_some() })
-            });
+            let logprobs = params.logprobs.is_some();
+            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs });
             match added {
                 Ok(c) if index == 0 => cached = c,
                 Ok(_) => {}
@@ -345,7 +392,7 @@ impl<'m> Worker<'m> {
 
     /// Forgets choice `id`: out of the batch, its reservation back; the job ends with its last choice.
     fn end(&mut self, id: u64) {
-        self.engine.finish(id);
+        self.engine_finish(id);
         if let Some(c) = self.choices.remove(&id) {
             self.reserved_tokens -= c.reserved;
             if Rc::strong_count(&c.job) == 1 {

@@ -14,7 +14,8 @@ use mlx::distributed::{Backend, Group, Watchdog};
 use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 #[derive(clap::Args)]
@@ -41,7 +42,7 @@ pub struct Args {
 }
 
 /// The commands that run on several ranks.
-pub const SHARDED_COMMANDS: [&str; 3] = ["generate", "chat", "bench"];
+pub const SHARDED_COMMANDS: [&str; 4] = ["generate", "chat", "bench", "serve"];
 
 /// Starts the ranks and waits for them; the first failure stops the rest.
 pub fn run(args: &Args) -> Result<()> {
@@ -100,7 +101,13 @@ pub fn run(args: &Args) -> Result<()> {
             }
         }
     }
-    let result = wait_all(&mut children);
+    // Ctrl-C or SIGTERM to the launcher: rank 0 is asked to stop (a server finishes its streams and
+    // tells the other ranks), then whatever is left is stopped.
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, term.clone()).context("cannot install a signal handler")?;
+    }
+    let result = wait_all(&mut children, &term);
     let _ = std::fs::remove_file(&file);
     result
 }
@@ -126,28 +133,50 @@ fn stop(children: &mut [Child]) {
     }
 }
 
-/// Polls the ranks until all succeed or one fails (then the others are killed).
-fn wait_all(children: &mut [Child]) -> Result<()> {
+/// Polls the ranks until all succeed or one fails (then the others are killed), or until `term`
+/// is set: then rank 0 gets SIGTERM and `STOP_GRACE` to end the group before the rest is killed.
+fn wait_all(children: &mut [Child], term: &AtomicBool) -> Result<()> {
     let mut done = vec![false; children.len()];
+    let mut stopping_since: Option<std::time::Instant> = None;
     loop {
+        if term.load(Ordering::Relaxed) && stopping_since.is_none() {
+            stopping_since = Some(std::time::Instant::now());
+            if let Some(leader) = children.first() {
+                let pid = nix::unistd::Pid::from_raw(leader.id() as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            }
+        }
+        if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
+            stop(children);
+            bail!("stopped by a signal");
+        }
         for (rank, c) in children.iter_mut().enumerate() {
             if done[rank] {
                 continue;
             }
             if let Some(status) = c.try_wait()? {
                 done[rank] = true;
-                if !status.success() {
+                if !status.success() && stopping_since.is_none() {
                     stop(children);
                     bail!("rank {rank} failed ({status}); stopped the other ranks");
                 }
             }
         }
         if done.iter().all(|&d| d) {
-            return Ok(());
+            return if stopping_since.is_some() { Err(anyhow::anyhow!("stopped by a signal")) } else { Ok(()) };
+        }
+        if stopping_since.is_some() && done[0] {
+            // Rank 0 is done; the others follow it or are stopped.
+            std::thread::sleep(Duration::from_millis(200));
+            stop(children);
+            bail!("stopped by a signal");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// How long rank 0 has to end the group after the launcher was told to stop.
+const STOP_GRACE: Duration = Duration::from_secs(15);
 
 /// This process's place in a launched group.
 struct Rank {

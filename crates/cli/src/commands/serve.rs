@@ -37,6 +37,9 @@ pub struct Args {
     /// prompts that begin the same way (0 turns it off).
     #[arg(long, default_value_t = 1024)]
     prefix_cache_mb: usize,
+    /// On several ranks (mlx-gen launch): pipeline parallel instead of tensor parallel.
+    #[arg(long)]
+    pipeline: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -51,19 +54,32 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_batch_size == 0 || args.prefill_step_size == 0 || args.kv_budget_mb == 0 {
         anyhow::bail!("--max-batch-size, --prefill-step-size and --kv-budget-mb must each be at least 1");
     }
-    let (loaded, _) = crate::progress::load_model(&dir)?;
+    let (loaded, _) = super::launch::load_model(&dir, args.pipeline)?;
     let batch = server::worker::BatchOptions {
         max_batch: args.max_batch_size,
         prefill_step_size: args.prefill_step_size,
         kv_budget_bytes: args.kv_budget_mb << 20,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
     };
+    // On several ranks rank 0 serves and the others replay its engine calls.
+    let share: Option<server::replica::Share> =
+        super::launch::group().map(|_| std::sync::Arc::new(|b: &[u8]| super::launch::share_from_leader(b)) as server::replica::Share);
+    if let Some(share) = share.clone().filter(|_| !super::launch::is_leader()) {
+        // A terminal's Ctrl-C reaches every rank: rank 0 decides when the group stops.
+        let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        return server::replica::follow(loaded, share, batch);
+    }
     server::serve(
         loaded,
-        server::ServeOptions { model_id, host: args.host, port: args.port, api_key: args.api_key,
+        server::ServeOptions {
+            model_id,
+            host: args.host,
+            port: args.port,
+            api_key: args.api_key,
             max_body_bytes: args.max_body_bytes,
             max_queue: args.max_queue,
             batch,
+            share,
         },
     )
 }

@@ -16,7 +16,7 @@ pub use mlx::random::KeySeq;
 pub use processors::LogitsProcessors;
 pub use seed::{init_random_draws, key_seq_as_mlx_lm, seed_as_mlx_lm, xtc_special_tokens};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplerConfig {
     /// 0: greedy (argmax).
     pub temp: f64,

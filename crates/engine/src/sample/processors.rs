@@ -8,7 +8,7 @@
 use crate::error::{EngineError, Result};
 use mlx::{ops, Array, Dtype};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LogitsProcessors {
     /// (token id, additive bias), each id at most once.
     pub logit_bias: Vec<(u32, f64)>,
