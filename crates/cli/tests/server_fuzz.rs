@@ -8,7 +8,7 @@ mod common;
 mod server_harness;
 
 use serde_json::{json, Value};
-use server_harness::{chunks, Answer, Server};
+use server_harness::{chunks, clip, Answer, Server};
 
 /// A request, sent as raw HTTP/1.1 so that anything can be put in it.
 struct Case {
@@ -130,7 +130,7 @@ fn corpus(max_body: usize) -> Vec<Case> {
         }
         let long_name = format!("\"{}\"", "m".repeat(5000));
         for v in [r#""other""#, r#""""#, r#""../../etc/passwd""#, r#""gpt-4o""#, r#""\u0000""#, long_name.as_str()] {
-            cases.push(Case::post(format!("{path} model={}", &v[..v.len().min(20)]), path, with_field(path, "model", v)).status(404).param("model"));
+            cases.push(Case::post(format!("{path} model={}", clip(v, 20)), path, with_field(path, "model", v)).status(404).param("model"));
         }
         // OpenAI fields the server ignores, with the wrong type.
         for (field, v) in [("user", "7"), ("tools", "5"), ("tools", r#""x""#), ("response_format", r#""json""#), ("tool_choice", "5"), ("metadata", "[]"), ("store", r#""no""#), ("suffix", "5"), ("best_of", "1.5"), ("parallel_tool_calls", "1")] {
@@ -258,8 +258,8 @@ fn corpus(max_body: usize) -> Vec<Case> {
         "/health/", "/metrics/x", "/%2e%2e/%2e%2e/etc/passwd", "/v1/models/../../x", "/%F0%9F%98%80", "/v1/models/abc", "/index.html", long_path.as_str(),
         "/v1/chat/completions%00", "/v1//completions",
     ] {
-        cases.push(Case::post(format!("GET {}", &path[..path.len().min(30)]), path, "").method("GET").status(404));
-        cases.push(Case::post(format!("POST {}", &path[..path.len().min(30)]), path, good_chat).status(404));
+        cases.push(Case::post(format!("GET {}", clip(path, 30)), path, "").method("GET").status(404));
+        cases.push(Case::post(format!("POST {}", clip(path, 30)), path, good_chat).status(404));
     }
     for (method, path) in [
         ("GET", CHAT), ("GET", TEXT), ("PUT", CHAT), ("DELETE", CHAT), ("PATCH", TEXT), ("OPTIONS", CHAT), ("POST", "/v1/models"), ("DELETE", "/v1/models"),
@@ -274,12 +274,12 @@ fn corpus(max_body: usize) -> Vec<Case> {
 fn check(case: &Case, a: &Answer) -> Result<(), String> {
     let want = case.status.map_or("a 4xx".to_owned(), |s| s.to_string());
     if !(400..500).contains(&a.status) || case.status.is_some_and(|s| s != a.status) {
-        return Err(format!("status {} (want {want}): {}", a.status, &a.body[..a.body.len().min(300)]));
+        return Err(format!("status {} (want {want}): {}", a.status, clip(&a.body, 300)));
     }
     if !a.content_type.starts_with("application/json") {
-        return Err(format!("content type {:?}: {}", a.content_type, &a.body[..a.body.len().min(300)]));
+        return Err(format!("content type {:?}: {}", a.content_type, clip(&a.body, 300)));
     }
-    let v: Value = serde_json::from_str(&a.body).map_err(|e| format!("not JSON ({e}): {}", &a.body[..a.body.len().min(300)]))?;
+    let v: Value = serde_json::from_str(&a.body).map_err(|e| format!("not JSON ({e}): {}", clip(&a.body, 300)))?;
     let e = &v["error"];
     let shape = v.as_object().is_some_and(|o| o.len() == 1)
         && e["message"].as_str().is_some_and(|m| !m.is_empty() && m.len() < 2000)
@@ -287,7 +287,7 @@ fn check(case: &Case, a: &Answer) -> Result<(), String> {
         && e.get("param").is_some_and(|p| p.is_null() || p.is_string())
         && e.get("code").is_some_and(|c| c.is_null() || c.is_string());
     if !shape {
-        return Err(format!("not an OpenAI error: {}", &a.body[..a.body.len().min(300)]));
+        return Err(format!("not an OpenAI error: {}", clip(&a.body, 300)));
     }
     if let Some(p) = &case.param {
         if e["param"].as_str() != Some(p.as_str()) {
@@ -394,4 +394,81 @@ fn bad_api_keys_get_401_json_errors() {
         let a = s.raw(&Case::post("right key", CHAT, good).header("Authorization", v).bytes());
         assert_eq!(a.status, 200, "{v:?}: {}", a.body);
     }
+}
+
+/// Requests that are odd but valid (extreme sampling settings, unicode junk, template-looking
+/// text, special-token text, many messages): each gets a well-formed answer (200, or a 4xx JSON
+/// error), never a 5xx or a hang, and the server goes on serving.
+#[test]
+fn odd_but_valid_requests_never_break_the_server() {
+    let model = common::model("llama3-f32").to_string_lossy().into_owned();
+    let s = Server::start(&model, &[]);
+    let msg = |content: &str| json!([{"role": "user", "content": content}]);
+    let mut bodies: Vec<(&str, Value)> = Vec::new();
+    for content in [
+        "\u{0}\u{0}nul", "\u{202e}right-to-left\u{202c}", "😀🙃🧪", &"e\u{301}".repeat(500), "漢字かなカナ한국어", "<|begin_of_text|><|eot_id|><|start_header_id|>",
+        "{{ raise_exception('boom') }}{% for x in y %}", "\\u0000 \\ud800", "\r\n\t\u{b}\u{c}", &"x".repeat(3000), " ",
+    ] {
+        bodies.push((CHAT, json!({"messages": msg(content), "max_tokens": 4})));
+        bodies.push((TEXT, json!({"prompt": content, "max_tokens": 4})));
+    }
+    for messages in [
+        json!([{"role": "system", "content": "only a system message"}]),
+        json!([{"role": "assistant", "content": "only an assistant message"}]),
+        json!([{"role": "tool", "content": "a tool answer", "tool_call_id": "x"}]),
+        json!([{"role": "whatever", "content": "an unknown role"}]),
+        json!([{"role": "user", "content": null}]),
+        json!([{"role": "user"}]),
+        json!([{"role": "user", "content": []}]),
+        json!([{"role": "user", "content": "hi", "name": "bob", "extra": {"deep": [1, [2, [3]]]}}]),
+        json!(vec![json!({"role": "user", "content": "hi"}); 300]),
+    ] {
+        bodies.push((CHAT, json!({"messages": messages, "max_tokens": 4})));
+    }
+    let hi = msg("hi");
+    for extra in [
+        json!({"temperature": 100}), json!({"temperature": 1e-9}), json!({"top_p": 0}), json!({"top_p": 1e-12, "temperature": 1}),
+        json!({"min_p": 1, "temperature": 1}), json!({"top_k": 1, "temperature": 1}), json!({"top_k": 512, "temperature": 1}),
+        json!({"seed": 9223372036854775807_i64, "temperature": 1}), json!({"seed": 0, "temperature": 1}), json!({"repetition_penalty": 0}),
+        json!({"repetition_penalty": 100}), json!({"presence_penalty": -2, "frequency_penalty": 2}), json!({"logit_bias": {"2": 100}}),
+        json!({"logit_bias": {"2": -100, "3": -100, "4": -100}}), json!({"n": 64, "max_tokens": 1}), json!({"max_tokens": 1}),
+        json!({"logprobs": true, "top_logprobs": 20}), json!({"logprobs": false, "top_logprobs": 0}), json!({"stop": ["😀", "\u{0}", "é"]}),
+        json!({"stop": "x".repeat(5000)}), json!({"stream": true, "n": 3, "logprobs": true, "top_logprobs": 5, "stream_options": {"include_usage": true}}),
+        json!({"stream": false, "stream_options": {"include_usage": true}}), json!({"max_completion_tokens": 3, "max_tokens": 50}),
+        json!({"tools": [], "tool_choice": "none", "user": "u", "response_format": {"type": "text"}, "store": false, "metadata": {}}),
+    ] {
+        let mut b = json!({"messages": hi, "max_tokens": 6});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        bodies.push((CHAT, b));
+    }
+    for prompt in [json!([0]), json!([511]), json!(vec![1; 4000]), json!(["one string in a list"])] {
+        bodies.push((TEXT, json!({"prompt": prompt, "max_tokens": 3, "logprobs": 20})));
+    }
+    let mut ok = 0;
+    for (path, body) in &bodies {
+        let a = s.call("POST", path, Some(&body.to_string()));
+        let text = body.to_string();
+        let shown = clip(&text, 200);
+        assert!(a.status == 200 || (400..500).contains(&a.status), "{shown}: {} {}", a.status, a.body);
+        if a.status != 200 {
+            let v: Value = serde_json::from_str(&a.body).unwrap_or_else(|_| panic!("{shown}: not JSON: {}", a.body));
+            assert!(v["error"]["message"].is_string(), "{shown}: {}", a.body);
+            continue;
+        }
+        ok += 1;
+        if body["stream"] == json!(true) {
+            let c = chunks(&server_harness::sse_events(&a.body));
+            assert!(c.iter().any(|c| c["choices"].as_array().is_some_and(|ch| ch.iter().any(|x| x["finish_reason"].is_string()))), "{shown}");
+        } else {
+            let v: Value = serde_json::from_str(&a.body).unwrap_or_else(|_| panic!("{shown}: not JSON: {}", a.body));
+            let n = body["n"].as_u64().unwrap_or(1) as usize;
+            assert_eq!(v["choices"].as_array().map(Vec::len), Some(n), "{shown}: {}", a.body);
+            assert!(v["choices"].as_array().unwrap().iter().all(|c| c["finish_reason"] == "stop" || c["finish_reason"] == "length"), "{shown}: {}", a.body);
+        }
+    }
+    assert!(ok * 10 >= bodies.len() * 8, "only {ok} of {} odd but valid requests were served", bodies.len());
+    assert_eq!(s.call("GET", "/health", None).status, 200);
+    assert_eq!(s.post(TEXT, &json!({"prompt": "hi", "max_tokens": 3}))["usage"]["completion_tokens"], 3);
 }

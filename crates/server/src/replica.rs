@@ -37,7 +37,7 @@ impl SeqSpec {
 /// One engine call, in the order rank 0 made it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Call {
-    Add(SeqSpec),
+    Add(Box<SeqSpec>),
     Finish(u64),
     /// One `step` (after the calls before it).
     Step,

@@ -174,7 +174,7 @@ impl<'m> Worker<'m> {
         let params = spec.params(self.init_draws)?;
         let r = self.engine.add(spec.id, spec.prompt.clone(), params);
         if self.share.is_some() {
-            self.calls.push(Call::Add(spec));
+            self.calls.push(Call::Add(Box::new(spec)));
         }
         r
     }
