@@ -85,9 +85,9 @@ impl<'m> BatchEngine<'m> {
         }
     }
 
-    /// Sequences decoding now and sequences still being prefilled.
+    /// Sequences decoding now and sequences still being prefilled (ended ones not counted).
     pub fn len(&self) -> (usize, usize) {
-        (self.rows.len(), self.waiting.len())
+        (self.rows.len() - self.leaving.len(), self.waiting.len())
     }
 
     pub fn is_idle(&self) -> bool {

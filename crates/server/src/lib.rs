@@ -45,29 +45,55 @@ pub fn serve(loaded: LoadedModel, options: ServeOptions) -> Result<()> {
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        // The handlers are in place before the address is announced: a signal right after it is
+        // a clean shutdown, not the default death.
+        let signals = Signals::install()?;
         eprintln!("mlx-gen serving {} on http://{local} (Ctrl-C stops)", options.model_id);
         let app = routes::router(routes::AppState { jobs: jobs_tx, metrics, options: Arc::new(options) });
-        axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(stopping)).await.context("the server failed")
+        axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(signals, stopping)).await.context("the server failed")
     })?;
     drop(runtime);
     let _ = engine.join();
     Ok(())
 }
 
-/// Resolves at Ctrl-C or SIGTERM, after telling the engine thread to end running jobs.
-async fn shutdown_signal(stopping: Arc<std::sync::atomic::AtomicBool>) {
-    wait_for_signal().await;
-    eprintln!("shutting down");
-    stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+/// Ctrl-C and SIGTERM, listened for from the moment they are installed.
+struct Signals {
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        let ctrl_c = std::pin::pin!(tokio::signal::ctrl_c());
-        let term = std::pin::pin!(term.recv());
-        let _ = futures_util::future::select(ctrl_c, term).await;
-        return;
+impl Signals {
+    fn install() -> Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                int: signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?,
+                term: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    let _ = tokio::signal::ctrl_c().await;
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            let int = std::pin::pin!(self.int.recv());
+            let term = std::pin::pin!(self.term.recv());
+            let _ = futures_util::future::select(int, term).await;
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Resolves at Ctrl-C or SIGTERM, after telling the engine thread to end running jobs.
+async fn shutdown_signal(mut signals: Signals, stopping: Arc<std::sync::atomic::AtomicBool>) {
+    signals.recv().await;
+    eprintln!("shutting down");
+    stopping.store(true, std::sync::atomic::Ordering::Relaxed);
 }
