@@ -118,6 +118,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let fuse = (device == mlx::runtime::Device::Gpu && std::env::var_os("MLX_GEN_NO_FUSE").is_none())
         || std::env::var_os("MLX_GEN_FUSE").is_some();
     engine::nn::set_fused_projections(fuse);
+    if device == mlx::runtime::Device::Gpu {
+        // A few query positions at once (speculative verification) use composed attention: MLX's
+        // CUDA backend builds a cuDNN graph per new shape (see engine::nn::sdpa).
+        engine::nn::sdpa::set_composed_max(32);
+        // MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER operations (20 by
+        // default); 80 measured fastest for our decode step on the H200 (BENCHMARKS.md). A value
+        // the user sets wins. (Metal reads the same variable with other defaults: left alone.)
+        if cfg!(target_os = "linux") {
+            mlx::runtime::set_env_default("MLX_MAX_OPS_PER_BUFFER", "80")?;
+        }
+    }
     // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
     commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_) | Command::Serve(_))))?;
     let result = match cli.command {

@@ -216,9 +216,9 @@ fn launch_fails_when_the_ranks_fail() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("rank") && err.contains("failed"), "launch's error does not name the failed rank:\n{err}");
-    // generate, chat and bench run sharded; other commands are refused up front.
-    let out = common::mlx_gen(&["launch", "--hosts", "127.0.0.1,127.0.0.1", "--", "serve"], None);
-    common::assert_error(&out, 1, &["generate, chat, bench"]);
+    // generate, chat, bench and serve run sharded; other commands are refused up front.
+    let out = common::mlx_gen(&["launch", "--hosts", "127.0.0.1,127.0.0.1", "--", "convert"], None);
+    common::assert_error(&out, 1, &["generate, chat, bench, serve"]);
 }
 
 /// Pipeline parallel needs a layer per rank: 3 ranks on a 2-layer model fail with one clear line

@@ -133,6 +133,10 @@ int mlxs_synchronize(void) {
   return guard([&] { mx::synchronize(); });
 }
 
+int mlxs_setenv_default(const char* name, const char* value) {
+  return setenv(name, value, 0) == 0 ? 0 : 1;
+}
+
 int mlxs_new_default_stream(void) {
   return guard([&] {
     auto s = mx::new_stream(mx::default_device());

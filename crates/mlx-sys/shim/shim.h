@@ -24,6 +24,8 @@ int mlxs_set_default_device(int gpu);
 int mlxs_device_name(char* buf, size_t len);
 int mlxs_new_default_stream(void);
 int mlxs_synchronize(void);
+/* sets an environment variable MLX reads, unless it is already set */
+int mlxs_setenv_default(const char* name, const char* value);
 int mlxs_default_device_is_gpu(void);
 
 /* array lifecycle and host access */

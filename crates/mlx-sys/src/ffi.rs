@@ -204,6 +204,7 @@ extern "C" {
     ) -> c_int;
 
     pub fn mlxs_random_seed(seed: u64) -> c_int;
+    pub fn mlxs_setenv_default(name: *const c_char, value: *const c_char) -> c_int;
     pub fn mlxs_random_key(out: *mut mlxs_array, seed: u64) -> c_int;
     pub fn mlxs_random_split(first: *mut mlxs_array, second: *mut mlxs_array, key: mlxs_array) -> c_int;
     pub fn mlxs_random_categorical(out: *mut mlxs_array, logits: mlxs_array, axis: c_int, key: mlxs_array) -> c_int;

@@ -496,6 +496,13 @@ pub fn random_seed(seed: u64) -> Result<()> {
     check(unsafe { ffi::mlxs_random_seed(seed) })
 }
 
+/// Sets environment variable `name` (one MLX reads) to `value` unless it is set already. Call it
+/// before MLX first reads it (before the first evaluation).
+pub fn setenv_default(name: &str, value: &str) -> Result<()> {
+    let (n, v) = (cstring(name)?, cstring(value)?);
+    check(unsafe { ffi::mlxs_setenv_default(n.as_ptr(), v.as_ptr()) })
+}
+
 pub fn random_key(seed: u64) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_random_key(o, seed) })
 }

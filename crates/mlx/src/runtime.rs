@@ -94,3 +94,9 @@ pub fn set_cache_limit(bytes: usize) -> usize {
 pub fn set_memory_limit(bytes: usize) -> usize {
     mlx_sys::set_memory_limit(bytes)
 }
+
+/// Sets environment variable `name`, one MLX reads, to `value` unless the user set it; call it
+/// before the first evaluation (MLX reads its tuning variables once).
+pub fn set_env_default(name: &str, value: &str) -> Result<()> {
+    ctx("setenv", mlx_sys::setenv_default(name, value))
+}

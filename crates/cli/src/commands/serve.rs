@@ -54,6 +54,11 @@ pub fn run(args: Args) -> Result<()> {
     if args.max_batch_size == 0 || args.prefill_step_size == 0 || args.kv_budget_mb == 0 {
         anyhow::bail!("--max-batch-size, --prefill-step-size and --kv-budget-mb must each be at least 1");
     }
+    if engine::nn::sdpa::composed_max() > 0 {
+        // Prompts of every length meet the prefill: composed attention up to a chunk avoids a
+        // cuDNN graph build per new shape on the GPU (see engine::nn::sdpa).
+        engine::nn::sdpa::set_composed_max(args.prefill_step_size.min(2048) as i32);
+    }
     let (loaded, _) = super::launch::load_model(&dir, args.pipeline)?;
     let batch = server::worker::BatchOptions {
         max_batch: args.max_batch_size,

@@ -14,7 +14,7 @@ use crate::pipeline::Stage;
 use crate::shard::ShardMode;
 use crate::weights::{Vb, Weights};
 use mlx::distributed::Group;
-use mlx::fast::{self, Mask};
+use mlx::fast::Mask;
 use mlx::{ops, Array};
 use serde::Deserialize;
 
@@ -126,7 +126,7 @@ impl Attention {
             }
             None => {
                 let (k, v) = cache.update_and_fetch(&keys, &values)?;
-                fast::sdpa(&queries, &k, &v, self.scale, mask)?
+                crate::nn::sdpa::sdpa(&queries, &k, &v, self.scale, mask)?
             }
         };
         self.proj.o_proj.forward(&out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)

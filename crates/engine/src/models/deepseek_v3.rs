@@ -14,7 +14,7 @@ use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
 use crate::pipeline::Stage;
 use mlx::distributed::Group;
 use crate::weights::{Vb, Weights};
-use mlx::fast::{self, Mask};
+use mlx::fast::Mask;
 use mlx::ops::{self, QuantSpec};
 use mlx::{Array, Dtype};
 use serde::Deserialize;
@@ -84,12 +84,12 @@ impl Attention {
         let scale = self.scale as f32;
         let out = if l == 1 {
             let q_nope = self.embed_q.forward(&p.q_nope, true)?; // (B, H, 1, kv_lora_rank)
-            let out = fast::sdpa(&q_nope, &kv_latent, &kv_latent, scale, Mask::Array(&pe_scores))?;
+            let out = crate::nn::sdpa::sdpa(&q_nope, &kv_latent, &kv_latent, scale, Mask::Array(&pe_scores))?;
             self.unembed_out.forward(&out, true)?
         } else {
             let k = self.embed_q.forward(&kv_latent, false)?;
             let v = self.unembed_out.forward(&kv_latent, true)?;
-            fast::sdpa(&p.q_nope, &k, &v, scale, Mask::Array(&pe_scores))?
+            crate::nn::sdpa::sdpa(&p.q_nope, &k, &v, scale, Mask::Array(&pe_scores))?
         };
         self.proj.o_proj.forward(&out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }

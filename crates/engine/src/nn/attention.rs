@@ -5,7 +5,7 @@ use crate::cache::KvCache;
 use crate::error::Result;
 use crate::shard::ShardMode;
 use crate::weights::Vb;
-use mlx::fast::{self, Mask};
+use mlx::fast::Mask;
 use mlx::distributed::Group;
 use mlx::Array;
 
@@ -163,7 +163,7 @@ impl Attention {
             }
             None => {
                 let (keys, values) = cache.update_and_fetch(&keys, &values)?; // (B, kv_heads, S, head_dim)
-                fast::sdpa(&queries, &keys, &values, self.scale, mask)? // (B, heads, L, head_dim)
+                crate::nn::sdpa::sdpa(&queries, &keys, &values, self.scale, mask)? // (B, heads, L, head_dim)
             }
         };
         let out = if l == 1 {

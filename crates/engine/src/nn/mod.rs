@@ -9,6 +9,7 @@ pub mod moe;
 mod norm;
 mod quant;
 mod rope;
+pub mod sdpa;
 
 pub use attention::{Attention, AttentionSpec};
 
