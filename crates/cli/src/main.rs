@@ -48,7 +48,7 @@ enum Command {
     OutpaintPrep(commands::outpaint_prep::Args),
     /// Print the flow-matching Euler schedule (SD3/FLUX sigmas and timesteps), e.g. `--steps 28 --shift 3 --json`.
     FlowSchedule(commands::flow_schedule::Args),
-    /// Run generate, chat or bench on several ranks with MLX distributed (tensor parallel, or
+    /// Run generate, chat, bench or serve on several ranks with MLX distributed (tensor parallel, or
     /// pipeline parallel with the command's --pipeline), e.g.
     /// `launch --hosts 127.0.0.1,127.0.0.1 -- generate --model M`.
     Launch(commands::launch::Args),

@@ -1,91 +1,16 @@
-//! Tensor parallel over MLX's ring backend on loopback: 2 ranks give the single-process greedy
-//! tokens, and a rank that dies or never comes makes the others exit non-zero in bounded time.
+//! Tensor and pipeline parallel over MLX's ring backend on loopback: 2 ranks give the
+//! single-process greedy tokens (and mlx-lm's sharded ones) for generate, chat, bench and serve,
+//! each rank's memory is about half, and a rank that dies or never comes makes the others exit
+//! non-zero in bounded time. Separate hosts are in `distributed_hosts.rs`.
 mod common;
+mod dist;
 
+use dist::*;
 use serde_json::Value;
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const TOKENS: &str = "64";
-
-fn json_of(out: &std::process::Output, what: &str) -> Value {
-    assert!(out.status.success(), "{what} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    // Rank 0 alone prints: exactly one JSON line.
-    assert_eq!(stdout.lines().count(), 1, "{what}: expected one JSON line, got {stdout:?}");
-    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{what}: {e}: {stdout}"))
-}
-
-fn generate_args(model: &Path) -> Vec<String> {
-    let m = model.to_str().unwrap().to_owned();
-    ["--device", "cpu", "generate", "--model", &m, "--prompt", "hello", "-m", TOKENS, "--temp", "0"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["--ignore-chat-template", "--output", "json", "--logprobs"].map(String::from))
-        .collect()
-}
-
-fn tokens(v: &Value) -> Vec<u64> {
-    v["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect()
-}
-
-fn logprobs(v: &Value) -> Vec<f64> {
-    v["logprobs"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap()).collect()
-}
-
-/// How the 2 ranks split the model.
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Split {
-    Tensor,
-    Pipeline,
-}
-
-impl Split {
-    /// The flags the generate/chat/bench command takes for this split.
-    fn flags(self) -> &'static [&'static str] {
-        match self {
-            Split::Tensor => &[],
-            Split::Pipeline => &["--pipeline"],
-        }
-    }
-}
-
-/// `mlx-gen launch` on 2 loopback ranks running `argv` (rank 0's single JSON line).
-fn launch2(argv: &[&str], what: &str) -> Value {
-    let mut launch = vec!["launch", "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--timeout", "60", "--"];
-    launch.extend(argv);
-    json_of(&common::mlx_gen(&launch, None), what)
-}
-
-/// Greedy tokens of the 2-rank run equal the single-process ones. Tensor parallel: the
-/// log-probabilities may differ in the last bits: each rank sums half of every o/down dot product
-/// and the all_sum adds the two halves, a different summation order than one f32 dot product (error
-/// ~ n·eps·|terms| ≈ 1e-6 for these sizes); 1e-4 leaves margin while a wrong shard (wrong heads or
-/// columns) is off by > 0.1. Pipeline parallel runs every layer whole, in the same order: its
-/// log-probabilities are bit-identical.
-fn sharded_matches_single(model: &Path, split: Split) {
-    let name = model.file_name().unwrap().to_string_lossy().into_owned();
-    let args = generate_args(model);
-    let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let single = json_of(&common::mlx_gen(&argv, None), "single-process generate");
-    argv.extend(split.flags());
-    let sharded = launch2(&argv, &format!("launch generate ({split:?})"));
-
-    let (a, b) = (tokens(&single), tokens(&sharded));
-    assert!(a.len() >= 32, "{name}: only {} tokens generated: pick a longer-running prompt", a.len());
-    assert_eq!(a, b, "{name}: {split:?}-parallel tokens differ from the single-process ones");
-    let tol = if split == Split::Tensor { 1e-4 } else { 0.0 };
-    for (i, (x, y)) in logprobs(&single).iter().zip(logprobs(&sharded)).enumerate() {
-        assert!((x - y).abs() <= tol, "{name}: token {i}: logprob {x} single vs {y} {split:?}-parallel");
-    }
-    // Each rank holds half of the layers' weights: rank 0's peak is below the whole model's.
-    let (p1, p2) = (single["peak_memory_gb"].as_f64().unwrap(), sharded["peak_memory_gb"].as_f64().unwrap());
-    eprintln!("{name} ({split:?}): peak memory single {:.0} KB, rank 0 of 2 {:.0} KB", p1 * 1e6, p2 * 1e6);
-    assert!(p2 < p1, "{name}: rank 0 peak {p2} GB is not below the single-process {p1} GB");
-}
 
 #[test]
 fn tp2_ring_llama3_matches_single_process() {
@@ -123,48 +48,6 @@ fn tp2_ring_deepseek_v3_matches_single_process() {
 #[test]
 fn pp2_ring_deepseek_v3_matches_single_process() {
     sharded_matches_single(&common::deepseek_model("dsv3-f32"), Split::Pipeline);
-}
-
-/// A ring hostfile with free loopback ports for `n` ranks, written under the test tmp dir.
-fn hostfile(n: usize, tag: &str) -> std::path::PathBuf {
-    let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    let hosts: Vec<Vec<String>> = listeners.iter().map(|l| vec![format!("127.0.0.1:{}", l.local_addr().unwrap().port())]).collect();
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hosts-{tag}-{}.json", std::process::id()));
-    std::fs::write(&path, serde_json::to_string(&hosts).unwrap()).unwrap();
-    path
-}
-
-/// One rank started by hand, as the README documents.
-fn rank(r: usize, hosts: &Path, timeout_s: u64, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
-        .args(args)
-        .env("MLX_RANK", r.to_string())
-        .env("MLX_HOSTFILE", hosts)
-        .env("MLX_GEN_DISTRIBUTED", "ring")
-        .env("MLX_GEN_DIST_TIMEOUT", timeout_s.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn a rank")
-}
-
-/// Waits at most `limit` for `child`; kills it and fails the test past that.
-fn wait_bounded(child: &mut Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-            return (status, err);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -235,8 +118,6 @@ fn pipeline_with_more_ranks_than_layers_fails_clearly() {
     assert!(err.contains("at least one layer per rank") && err.contains("has 2"), "unclear error:\n{err}");
     assert!(err.lines().all(|l| l.starts_with("error: ")), "{err}");
 }
-
-// ---- mlx-lm's own sharded generation (mlx.launch, ring backend on loopback) ----
 
 /// Python mlx-lm's greedy tokens from `sharded_load` + `stream_generate` on 2 ranks started by
 /// `mlx.launch` (tests/oracle/sharded_reference.py).
@@ -312,8 +193,6 @@ fn pp2_tokens_equal_mlx_lm_sharded_generation() {
     }
 }
 
-// ---- chat and bench on 2 ranks ----
-
 /// Rank 0 reads the conversation (two turns and a slash command in between) and hands it to rank 1:
 /// the 2-rank transcript, tensor and pipeline parallel, equals the single-process one.
 #[test]
@@ -349,107 +228,6 @@ fn bench_on_2_ranks_reports_once() {
         assert!(report["median"]["generation_tps"].as_f64().unwrap() > 0.0, "{report}");
     }
 }
-
-// ---- 2 ranks as separate hosts: network namespaces joined by a veth pair ----
-
-/// Two network namespaces joined by a veth pair (10.213.x.1 and 10.213.x.2), removed on drop.
-struct TwoHosts {
-    names: [String; 2],
-    addrs: [String; 2],
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| panic!("cannot run `ip`: {e}"));
-    assert!(
-        out.status.success(),
-        "`ip {}` failed: this test creates network namespaces and needs root (CAP_NET_ADMIN): {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl TwoHosts {
-    fn new() -> TwoHosts {
-        let id = std::process::id();
-        let names = [format!("mlxg{id}a"), format!("mlxg{id}b")];
-        let (va, vb) = (format!("mg{}a", id % 1_000_000), format!("mg{}b", id % 1_000_000));
-        let net = id % 250 + 1;
-        let addrs = [format!("10.213.{net}.1"), format!("10.213.{net}.2")];
-        let hosts = TwoHosts { names: names.clone(), addrs: addrs.clone() };
-        for n in &names {
-            ip(&["netns", "add", n]);
-        }
-        ip(&["link", "add", &va, "netns", &names[0], "type", "veth", "peer", "name", &vb, "netns", &names[1]]);
-        for (n, (dev, addr)) in names.iter().zip([(&va, &addrs[0]), (&vb, &addrs[1])]) {
-            ip(&["-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
-            ip(&["-n", n, "link", "set", dev, "up"]);
-            ip(&["-n", n, "link", "set", "lo", "up"]);
-        }
-        hosts
-    }
-}
-
-impl Drop for TwoHosts {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes its end of the veth pair, and so the pair.
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
-/// One rank inside network namespace `ns`, started by hand as the README documents.
-fn rank_in(ns: &str, r: usize, hosts: &Path, args: &[&str]) -> Child {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(env!("CARGO_BIN_EXE_mlx-gen"))
-        .args(args)
-        .env("MLX_RANK", r.to_string())
-        .env("MLX_HOSTFILE", hosts)
-        .env("MLX_GEN_DISTRIBUTED", "ring")
-        .env("MLX_GEN_DIST_TIMEOUT", "60")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn a rank in a network namespace")
-}
-
-/// Both ranks' results: each rank prints its own JSON line (started by hand, not through launch).
-fn run_pair(mut ranks: [Child; 2], what: &str) -> [Value; 2] {
-    let mut outs = Vec::new();
-    for (r, c) in ranks.iter_mut().enumerate() {
-        let (status, err) = wait_bounded(c, Duration::from_secs(120), &format!("{what}: rank {r}"));
-        let mut out = String::new();
-        c.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        assert!(status.success(), "{what}: rank {r} failed ({status}):\n{err}");
-        outs.push(serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{what}: rank {r}: {e}: {out}")));
-    }
-    [outs.remove(0), outs.remove(0)]
-}
-
-/// The ranks reach each other only over the veth pair (each namespace has its own loopback), as two
-/// machines would: greedy tokens equal the single-process ones, tensor and pipeline parallel.
-#[test]
-fn two_hosts_in_network_namespaces_match_single_process() {
-    let net = TwoHosts::new();
-    let hosts: Vec<Vec<String>> = net.addrs.iter().map(|a| vec![format!("{a}:5530")]).collect();
-    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("hosts-netns-{}.json", std::process::id()));
-    std::fs::write(&file, serde_json::to_string(&hosts).unwrap()).unwrap();
-    for (variant, split) in [("llama3-f32", Split::Tensor), ("qwen2-f32", Split::Pipeline)] {
-        let args = generate_args(&common::model(variant));
-        let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let single = json_of(&common::mlx_gen(&argv, None), "single-process generate");
-        argv.extend(split.flags());
-        let ranks = [rank_in(&net.names[0], 0, &file, &argv), rank_in(&net.names[1], 1, &file, &argv)];
-        let [r0, r1] = run_pair(ranks, &format!("{variant} over the veth pair ({split:?})"));
-        assert_eq!(tokens(&r0), tokens(&single), "{variant}: rank 0's tokens differ from the single-process ones");
-        assert_eq!(tokens(&r1), tokens(&single), "{variant}: rank 1's tokens differ from the single-process ones");
-    }
-    let _ = std::fs::remove_file(file);
-}
-
-// ---- memory: each rank holds about half ----
 
 /// A llama whose layers dominate its size (4 layers of hidden 256 and MLP 1024, a 512-token
 /// vocabulary: 16.8 MB of layers, 1 MB of embeddings and head), random f32 weights, with

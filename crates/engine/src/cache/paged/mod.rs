@@ -13,12 +13,13 @@ use crate::error::{EngineError, Result};
 use mlx::{ops, Array};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Blocks added to a layer's storage at a time.
-const GROW_BLOCKS: usize = 16;
+/// Positions added to a layer's storage at a time (whole blocks; as the growing cache's step).
+const GROW_POSITIONS: usize = 256;
 
 struct Inner {
     alloc: BlockAllocator,
-    /// Per layer: keys and values storage (blocks, kv_heads, block_size, dim).
+    /// Per layer: keys and values storage (1, kv_heads, blocks * block_size, dim): block b holds
+    /// positions b*bs..(b+1)*bs of axis 2, so a sequence on consecutive blocks reads as one slice.
     layers: Vec<Option<(Array, Array)>>,
     budget_bytes: usize,
 }
@@ -111,16 +112,17 @@ impl Inner {
     fn ensure_storage(&mut self, layer: usize, blocks: usize, keys: &Array, values: &Array) -> Result<()> {
         let bs = self.alloc.block_size() as i32;
         let (heads, k_dim, v_dim) = (keys.dim(1), keys.dim(3), values.dim(3));
-        let have = self.layers[layer].as_ref().map_or(0, |(k, _)| k.dim(0) as usize);
+        let have = self.blocks_stored(layer);
         if have >= blocks {
             return Ok(());
         }
-        let want = (blocks.div_ceil(GROW_BLOCKS) * GROW_BLOCKS).min(self.alloc.capacity().max(blocks));
+        let step = (GROW_POSITIONS / self.alloc.block_size()).max(1);
+        let want = (blocks.div_ceil(step) * step).min(self.alloc.capacity().max(blocks));
         let add = (want - have) as i32;
-        let zk = ops::zeros(&[add, heads, bs, k_dim], keys.dtype())?;
-        let zv = ops::zeros(&[add, heads, bs, v_dim], values.dtype())?;
+        let zk = ops::zeros(&[1, heads, add * bs, k_dim], keys.dtype())?;
+        let zv = ops::zeros(&[1, heads, add * bs, v_dim], values.dtype())?;
         self.layers[layer] = Some(match self.layers[layer].take() {
-            Some((k, v)) => (ops::concatenate(&[&k, &zk], 0)?, ops::concatenate(&[&v, &zv], 0)?),
+            Some((k, v)) => (ops::concatenate(&[&k, &zk], 2)?, ops::concatenate(&[&v, &zv], 2)?),
             None => (zk, zv),
         });
         Ok(())
@@ -128,16 +130,28 @@ impl Inner {
 }
 
 impl Inner {
+    /// Blocks a layer's storage holds.
+    fn blocks_stored(&self, layer: usize) -> usize {
+        self.layers[layer].as_ref().map_or(0, |(k, _)| k.dim(2) as usize / self.alloc.block_size())
+    }
+
+    /// Bytes one block takes in a layer (keys and values).
+    fn block_bytes(&self, layer: usize) -> usize {
+        self.layers[layer].as_ref().map_or(0, |(k, v)| (k.nbytes() + v.nbytes()) / self.blocks_stored(layer).max(1))
+    }
+
     /// Copy-on-write: block `src`'s contents into block `dst`, in every layer.
     fn apply_copies(&mut self, copies: &[alloc::Copy]) -> Result<()> {
         for &(src, dst) in copies {
             for l in 0..self.layers.len() {
                 if let Some((k, v)) = self.layers[l].take() {
+                    let bs = self.alloc.block_size() as i32;
+                    let (src, dst) = (src as i32 * bs, dst as i32 * bs);
                     let cp = |a: &Array| -> Result<Array> {
-                        let blk = a.slice_axis(0, src as i32, src as i32 + 1)?;
+                        let blk = a.slice_axis(2, src, src + bs)?;
                         let mut stop = a.shape();
-                        stop[0] = dst as i32 + 1;
-                        Ok(a.slice_update(&blk, &[dst as i32, 0, 0, 0], &stop)?)
+                        stop[2] = dst + bs;
+                        Ok(a.slice_update(&blk, &[0, 0, dst, 0], &stop)?)
                     };
                     self.layers[l] = Some((cp(&k)?, cp(&v)?));
                 }
@@ -161,8 +175,9 @@ impl Inner {
             let i = pos - start;
             let kk = keys.slice_axis(2, i, i + run)?;
             let vv = values.slice_axis(2, i, i + run)?;
-            pk = pk.slice_update(&kk, &[blk, 0, slot, 0], &[blk + 1, pk.dim(1), slot + run, pk.dim(3)])?;
-            pv = pv.slice_update(&vv, &[blk, 0, slot, 0], &[blk + 1, pv.dim(1), slot + run, pv.dim(3)])?;
+            let at = blk * bs + slot;
+            pk = pk.slice_update(&kk, &[0, 0, at, 0], &[1, pk.dim(1), at + run, pk.dim(3)])?;
+            pv = pv.slice_update(&vv, &[0, 0, at, 0], &[1, pv.dim(1), at + run, pv.dim(3)])?;
             pos += run;
         }
         self.layers[layer] = Some((pk, pv));
@@ -171,17 +186,21 @@ impl Inner {
 }
 
 impl PagedCache {
+    /// The first `len` positions of the sequence on blocks `table`: (1, kv_heads, len, D) keys and
+    /// values. On consecutive blocks (a sequence that got fresh blocks in order, the usual case for
+    /// one stream) this is a slice of the storage, no copy, as the growing cache reads; otherwise
+    /// the positions are gathered.
     fn gather(inner: &Inner, table: &[BlockId], layer: usize, len: i32) -> Result<(Array, Array)> {
         let (k, v) = inner.layers[layer].as_ref().ok_or_else(|| EngineError::Invalid("empty paged cache".into()))?;
-        let ids: Vec<i32> = table.iter().map(|&b| b as i32).collect();
-        let idx = Array::from_slice(&ids, &[ids.len() as i32])?;
-        let one = |pool: &Array| -> Result<Array> {
-            let g = pool.take(&idx, 0)?; // (nb, H, bs, D)
-            let (nb, h, bs, d) = (g.dim(0), g.dim(1), g.dim(2), g.dim(3));
-            let g = g.transpose(&[1, 0, 2, 3])?.reshape(&[1, h, nb * bs, d])?;
-            Ok(if nb * bs == len { g } else { g.slice_axis(2, 0, len)? })
-        };
-        Ok((one(k)?, one(v)?))
+        let bs = inner.alloc.block_size() as i32;
+        let first = table.first().map_or(0, |&b| b as i32);
+        if table.iter().enumerate().all(|(i, &b)| b as i32 == first + i as i32) {
+            let start = first * bs;
+            return Ok((k.slice_axis(2, start, start + len)?, v.slice_axis(2, start, start + len)?));
+        }
+        let positions: Vec<i32> = table.iter().flat_map(|&b| (0..bs).map(move |s| b as i32 * bs + s)).take(len as usize).collect();
+        let idx = Array::from_slice(&positions, &[positions.len() as i32])?;
+        Ok((k.take(&idx, 2)?, v.take(&idx, 2)?))
     }
 }
 
@@ -236,10 +255,7 @@ impl KvCache for PagedCache {
     fn nbytes(&self) -> usize {
         let inner = self.seq.pool.lock();
         let blocks = inner.alloc.block_table(self.seq.seq).map_or(0, <[BlockId]>::len);
-        inner.layers[self.layer].as_ref().map_or(0, |(k, v)| {
-            let per = (k.nbytes() + v.nbytes()) / (k.dim(0).max(1) as usize);
-            per * blocks
-        })
+        inner.block_bytes(self.layer) * blocks
     }
 
     /// Saved as mlx-lm's `KVCache` (the blocks gathered in order).

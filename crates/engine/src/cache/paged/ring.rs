@@ -237,7 +237,7 @@ impl KvCache for PagedRingCache {
     fn nbytes(&self) -> usize {
         let inner = self.ring.pool.lock();
         let blocks = (self.cap as usize).div_ceil(inner.alloc.block_size());
-        inner.layers[self.layer].as_ref().map_or(0, |(k, v)| (k.nbytes() + v.nbytes()) / (k.dim(0).max(1) as usize) * blocks)
+        inner.block_bytes(self.layer) * blocks
     }
 
     fn to_quantized(&self, _spec: QuantSpec) -> Result<Option<Box<dyn KvCache>>> {

@@ -268,3 +268,34 @@ fn windowed_sequences_mix_full_and_ring_layers_and_free_everything() {
     let bad = pool.new_windowed_sequence(&[], &[None, Some((4, 4)), None]);
     assert!(bad.err().expect("keep >= window is refused").to_string().contains("window must be larger"));
 }
+
+/// Two sequences sharing a prompt prefix, each extended with its own positions: the second's
+/// blocks are not consecutive (shared ones, then fresh ones after the first's), so it is read by
+/// gathering; both read back exactly what was written, in order.
+#[test]
+fn shared_and_scattered_blocks_read_back_in_order() {
+    let pool = PagedPool::new(1, 4, 1 << 20);
+    let prompt = toks(10, 3);
+    let (mut a, reused) = pool.new_sequence(&prompt);
+    assert_eq!(reused, 0);
+    let (k, v) = kv_at(0, 10);
+    a[0].update_and_fetch(&k, &v).unwrap();
+    let (k, v) = kv_at(10, 3);
+    let (ak, av) = a[0].update_and_fetch(&k, &v).unwrap();
+    assert_eq!(ak.to_vec::<f32>().unwrap(), kv_at(0, 13).0.to_vec::<f32>().unwrap());
+    assert_eq!(av.to_vec::<f32>().unwrap(), kv_at(0, 13).1.to_vec::<f32>().unwrap());
+    // The second sequence reuses the two full prompt blocks and writes the rest elsewhere.
+    let (mut b, reused) = pool.new_sequence(&prompt);
+    assert_eq!(reused, 8);
+    let (k, v) = kv_at(8, 9);
+    let (bk, bv) = b[0].update_and_fetch(&k, &v).unwrap();
+    assert_eq!(bk.shape(), vec![1, 2, 17, 3]);
+    assert_eq!(bk.to_vec::<f32>().unwrap(), kv_at(0, 17).0.to_vec::<f32>().unwrap());
+    assert_eq!(bv.to_vec::<f32>().unwrap(), kv_at(0, 17).1.to_vec::<f32>().unwrap());
+    // The first is unchanged by the second's writes.
+    let (k, v) = kv_at(13, 1);
+    let (ak, _) = a[0].update_and_fetch(&k, &v).unwrap();
+    assert_eq!(ak.to_vec::<f32>().unwrap(), kv_at(0, 14).0.to_vec::<f32>().unwrap());
+    drop((a, b));
+    assert_eq!(pool.usage().0, 0);
+}
