@@ -10,9 +10,8 @@
 mod common;
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 
 const MAX_TOKENS: usize = 64;
 /// With the template's default system prompt, long enough (47 tokens) for the sorted-experts path.
@@ -32,49 +31,12 @@ const VARIANTS: &[&str] = &[
     "dsv3-int4",
 ];
 
-/// The folder of the DeepSeek models, built once per content of the scripts that make them.
-fn models_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let py = common::venv_python();
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for f in ["make_deepseek.py", "make_models.py", "make_tokenizer.py", "reference.py"] {
-            for b in f.bytes().chain(std::fs::read(common::oracle_dir().join(f)).unwrap_or_default()) {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x100_0000_01b3);
-            }
-        }
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
-        let dir = base.join(format!("deepseek-models-{h:016x}"));
-        let marker = dir.join(".complete");
-        let lock = std::fs::File::create(base.join(format!("deepseek-models-{h:016x}.lock"))).expect("lock file");
-        lock.lock().expect("lock the DeepSeek models");
-        if !marker.exists() {
-            let out = Command::new(py)
-                .arg(common::oracle_dir().join("make_deepseek.py"))
-                .arg(&dir)
-                .stdin(Stdio::null())
-                .output()
-                .expect("run make_deepseek.py");
-            assert!(
-                out.status.success(),
-                "make_deepseek.py failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::write(&marker, b"").expect("write marker");
-        }
-        dir
-    })
-}
-
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("token id") as u32).collect()
 }
 
 fn check(variant: &str, prompt: &str, ignore_chat_template: bool) {
-    let dir = models_dir().join(variant);
+    let dir = common::deepseek_models_dir().join(variant);
     let case = format!("{variant} (prompt {prompt:?}, ignore_chat_template={ignore_chat_template})");
     let max = MAX_TOKENS.to_string();
     let mut args = vec!["--prompt", prompt, "--max-tokens", &max];
@@ -110,7 +72,7 @@ fn check(variant: &str, prompt: &str, ignore_chat_template: bool) {
     let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
     assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
     let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
-    let info: Value = serde_json::from_str(&std::fs::read_to_string(models_dir().join("variants.json")).unwrap()).unwrap();
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(common::deepseek_models_dir().join("variants.json")).unwrap()).unwrap();
     let tol = if info[variant]["dtype"] == "float32" {
         1e-5
     } else {
@@ -123,7 +85,7 @@ fn check(variant: &str, prompt: &str, ignore_chat_template: bool) {
 
 #[test]
 fn variants_are_covered() {
-    let text = std::fs::read_to_string(models_dir().join("variants.json")).expect("variants.json");
+    let text = std::fs::read_to_string(common::deepseek_models_dir().join("variants.json")).expect("variants.json");
     let built: serde_json::Map<String, Value> = serde_json::from_str(&text).expect("variants.json object");
     let mut built: Vec<&str> = built.keys().map(String::as_str).collect();
     built.sort_unstable();
@@ -163,7 +125,7 @@ fn caches() {
     let json_cases: Vec<Value> = cases
         .iter()
         .map(|(v, flags)| {
-            let mut c = serde_json::json!({"op": "generate", "model": models_dir().join(v), "prompt": CHAT_PROMPT,
+            let mut c = serde_json::json!({"op": "generate", "model": common::deepseek_models_dir().join(v), "prompt": CHAT_PROMPT,
                 "max_tokens": MAX_TOKENS});
             for pair in flags.chunks(2) {
                 let key = pair[0].trim_start_matches("--").replace('-', "_");
@@ -174,7 +136,7 @@ fn caches() {
         .collect();
     let refs = common::batched_reference("cache_reference.py", &json_cases);
     for ((variant, flags), r) in cases.iter().zip(&refs) {
-        let dir = models_dir().join(variant);
+        let dir = common::deepseek_models_dir().join(variant);
         let max = MAX_TOKENS.to_string();
         let mut args = vec!["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT];
         args.extend(["--max-tokens", &max, "--output", "json"]);
@@ -190,7 +152,7 @@ fn caches() {
 /// V3 with a quantized KV cache fails with a message (mlx-lm fails too), rather than computing garbage.
 #[test]
 fn v3_quantized_kv_refused() {
-    let dir = models_dir().join("dsv3-f32");
+    let dir = common::deepseek_models_dir().join("dsv3-f32");
     let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", "Hi", "--max-tokens", "4"];
     let o = common::mlx_gen(&[&args[..], &["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "0"]].concat(), None);
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -201,7 +163,7 @@ fn v3_quantized_kv_refused() {
 /// gather_mm takes float32 only (mlx-lm fails too, with MLX's internal message).
 #[test]
 fn bf16_float_experts_on_cpu_refused() {
-    let src = models_dir().join("dsv3-f32");
+    let src = common::deepseek_models_dir().join("dsv3-f32");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv3-bf16-float-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -205,11 +205,19 @@ pub fn reasoning_model_copy(variant: &str, tag: &str) -> PathBuf {
     dir
 }
 
-/// The folder of one DeepSeek test model (tests/oracle/make_deepseek.py), built once per content
-/// of the scripts that make it: the same folder and lock as deepseek.rs's, so the two share it.
+/// The folder of one DeepSeek test model (tests/oracle/make_deepseek.py).
 pub fn deepseek_model(name: &str) -> PathBuf {
+    let dir = deepseek_models_dir();
+    let d = dir.join(name);
+    assert!(d.join("config.json").is_file(), "DeepSeek variant {name} missing from {}", dir.display());
+    d
+}
+
+/// The folder of all DeepSeek test models, built once per content of the scripts that make them
+/// (a file lock makes parallel test processes build it once).
+pub fn deepseek_models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
+    DIR.get_or_init(|| {
         let py = venv_python();
         let mut h = 0xcbf2_9ce4_8422_2325u64;
         for f in ["make_deepseek.py", "make_models.py", "make_tokenizer.py", "reference.py"] {
@@ -233,8 +241,5 @@ pub fn deepseek_model(name: &str) -> PathBuf {
             std::fs::write(&marker, b"").expect("write marker");
         }
         dir
-    });
-    let d = dir.join(name);
-    assert!(d.join("config.json").is_file(), "DeepSeek variant {name} missing from {}", dir.display());
-    d
+    })
 }

@@ -156,6 +156,19 @@ fn roll(x: &Array, shift: i32) -> Result<Array> {
 
 /// `RotatingKVCache.make_mask` for a cache at `offset` with ring index `idx` (shared with the
 /// paged ring, which keeps the same layout).
+/// `trim` of a rotating window (mlx-lm's `RotatingKVCache.trim`), an error once it has wrapped.
+pub(crate) fn rotating_trim(n: i32, offset: &mut i32, idx: &mut i32, max_size: i32) -> Result<i32> {
+    if *offset >= max_size {
+        return Err(EngineError::Invalid(format!(
+            "a rotating KV cache that has seen {offset} positions (window {max_size}) cannot be trimmed"
+        )));
+    }
+    let n = n.min(*offset).max(0);
+    *offset -= n;
+    *idx -= n;
+    Ok(n)
+}
+
 pub(crate) fn rotating_mask(n: i32, window_size: Option<i32>, offset: i32, max_size: i32, idx: i32) -> Result<CacheMask> {
     if n > 1 {
         let window = window_size.unwrap_or(max_size);
@@ -193,16 +206,7 @@ impl KvCache for RotatingCache {
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {
-        if !self.is_trimmable() {
-            return Err(EngineError::Invalid(format!(
-                "a rotating KV cache that has seen {} positions (window {}) cannot be trimmed",
-                self.offset, self.max_size
-            )));
-        }
-        let n = n.min(self.offset).max(0);
-        self.offset -= n;
-        self.idx -= n;
-        Ok(n)
+        rotating_trim(n, &mut self.offset, &mut self.idx, self.max_size)
     }
 
     fn make_mask(&self, n: i32, window_size: Option<i32>) -> Result<CacheMask> {

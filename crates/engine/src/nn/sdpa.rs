@@ -7,8 +7,10 @@
 //! itself: measured on the H200 (Qwen3-0.6B shape, prompt lookup with 9 positions per round),
 //! 34 tok/s with cuDNN against 438 with `MLX_CUDA_USE_CUDNN_SDPA=0`. Up to [`composed_max`] query
 //! positions we therefore compute what MLX's own fallback computes (scaled q kᵀ, the mask,
-//! a precise softmax, times v), whose kernels need no per-shape preparation. One position (decode)
-//! and the CPU keep MLX's fused kernel, so CPU results stay bit-identical to mlx-lm's.
+//! a precise softmax, times v), whose kernels need no per-shape preparation; also for one position
+//! with an array mask (a continuous batch's padded rows), which MLX would send to cuDNN too. One
+//! position without a mask (single-stream decode) and the CPU keep MLX's fused kernel, so CPU
+//! results stay bit-identical to mlx-lm's.
 use crate::error::Result;
 use mlx::fast::{self, Mask};
 use mlx::{ops, Array, Dtype};
@@ -28,15 +30,22 @@ pub fn composed_max() -> i32 {
 
 /// softmax(q kᵀ · scale + mask) v for q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
-    let l = q.dim(2);
-    if l <= 1 || l > composed_max() {
+    let (l, max) = (q.dim(2), composed_max());
+    // One position with an array mask (a batch of rows of different lengths) would also go to
+    // cuDNN, with a graph per cache length, i.e. per step; one position without one takes MLX's
+    // vector kernel, which needs nothing per shape.
+    let composed = match mask {
+        Mask::Array(_) => l <= max,
+        _ => l > 1 && l <= max,
+    };
+    if !composed {
         return Ok(fast::sdpa(q, k, v, scale, mask)?);
     }
-    composed(q, k, v, scale, mask)
+    composed_attention(q, k, v, scale, mask)
 }
 
 /// MLX's fallback attention (no sinks), operation for operation.
-fn composed(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
+fn composed_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
     let (b, hq, hkv, s, l) = (q.dim(0), q.dim(1), k.dim(1), k.dim(2), q.dim(2));
     let rep = hq / hkv;
     let mut q = q.mul(&Array::scalar(f64::from(scale), q.dtype())?)?;
@@ -86,13 +95,13 @@ mod tests {
 
     #[test]
     fn composed_attention_equals_mlx_s() {
-        for (hq, hkv, l, s) in [(4, 4, 5, 5), (4, 2, 3, 11), (6, 2, 8, 8), (4, 1, 2, 40)] {
+        for (hq, hkv, l, s) in [(4, 4, 5, 5), (4, 2, 3, 11), (6, 2, 8, 8), (4, 1, 2, 40), (4, 2, 1, 9)] {
             let (q, k, v) = (rand(&[2, hq, l, 16], 1), rand(&[2, hkv, s, 16], 2), rand(&[2, hkv, s, 8], 3));
             let bool_mask = rand(&[2, 1, l, s], 4).gt_scalar(-0.3).unwrap();
             let add_mask = rand(&[1, hq, l, s], 5);
             for mask in [Mask::None, Mask::Causal, Mask::Array(&bool_mask), Mask::Array(&add_mask)] {
                 let want = fast::sdpa(&q, &k, &v, 0.25, mask.clone()).unwrap().to_vec::<f32>().unwrap();
-                let got = composed(&q, &k, &v, 0.25, mask.clone()).unwrap();
+                let got = composed_attention(&q, &k, &v, 0.25, mask.clone()).unwrap();
                 assert_eq!(got.shape(), vec![2, hq, l, 8]);
                 let got = got.to_vec::<f32>().unwrap();
                 let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

@@ -6,7 +6,7 @@
 //! slot in its block, so the sequence holds the same `ceil(max_size / block_size)` blocks from
 //! then on. Keys and values come back in the rotating cache's physical order (attention sums over
 //! them in that order), so a model generates the rotating cache's tokens exactly.
-use super::super::rotating::{rotating_mask, temporal_order, trim_buf};
+use super::super::rotating::{rotating_mask, rotating_trim, temporal_order, trim_buf};
 use super::{err, AllocError, BlockId, Inner, PagedCache, PagedPool, SeqHandle, SeqId};
 use crate::cache::{CacheMask, KvCache, StateNode};
 use crate::error::{EngineError, Result};
@@ -212,16 +212,7 @@ impl KvCache for PagedRingCache {
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {
-        if !self.is_trimmable() {
-            return Err(EngineError::Invalid(format!(
-                "a rotating KV cache that has seen {} positions (window {}) cannot be trimmed",
-                self.offset, self.max_size
-            )));
-        }
-        let n = n.min(self.offset).max(0);
-        self.offset -= n;
-        self.idx -= n;
-        Ok(n)
+        rotating_trim(n, &mut self.offset, &mut self.idx, self.max_size)
     }
 
     fn make_mask(&self, n: i32, window_size: Option<i32>) -> Result<CacheMask> {
