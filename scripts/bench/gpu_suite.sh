@@ -7,6 +7,9 @@
 #   gpu_suite.sh spec   real Qwen2.5-Coder-0.5B pair: speculative decoding vs mlx-lm (issue 6);
 #                       needs the GGUF at $GGUF (default /tmp/model.gguf)
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
+#   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
+#   gpu_suite.sh check  the quick re-checks after the second session's fixes: prompt lookup vs plain, paged vs
+#                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
 set -u
 cd "$(dirname "$0")/.."          # .gpubin/
@@ -76,6 +79,24 @@ EOF
   env $tuned ./mlx-gen bench --model "$d" -p 512 -g 128 -n 2 --json | med
   env $tuned ./mlx-gen launch --hosts 127.0.0.1,127.0.0.1 --backend ring --timeout 120 -- bench --model "$d" -p 512 -g 128 -n 2 --json | med
   ;;
-*) echo "unknown section $section (perf, more, spec, serve)"; exit 2 ;;
+big)
+  python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes qwen2.5-7b -p 512 -g 256 -n 3 \
+      --rounds 3 --pacing-tokens 1024 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_7b.json"
+  d=$(shape_dir llama-3.2-3b)
+  echo "== llama-3.2-3b mlx-lm with MLX_MAX_OPS_PER_BUFFER=80: $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p 512 -g 256 -n 3 | med)"
+  echo "== llama-3.2-3b mlx-gen (its default 80):          $(./mlx-gen bench --model "$d" -p 512 -g 256 -n 3 --json | med)"
+  ;;
+check)
+  d=$(shape_dir qwen3-0.6b)
+  p=$(python3 -c "print('one two three four five six seven eight nine ten ' * 30)")
+  tps() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); print(round(d['generation_tps'],1), d.get('draft_tokens_accepted'), d.get('draft_tokens_proposed'))"; }
+  echo "== plain:         $(./mlx-gen generate --model "$d" --prompt "$p" -m 200 --temp 0 --ignore-chat-template --output json | tps)"
+  echo "== prompt lookup: $(./mlx-gen generate --model "$d" --prompt "$p" -m 200 --temp 0 --ignore-chat-template --prompt-lookup 3 --output json | tps)"
+  echo "== growing:       $(./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+  echo "== paged:         $(./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --kv-cache paged --json | med)"
+  [ -x ./batch_step_cost ] && ./batch_step_cost "$d" 1 8 32
+  timeout 240 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8,32 --max-tokens 64
+  ;;
+*) echo "unknown section $section (perf, more, spec, serve, big, check)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

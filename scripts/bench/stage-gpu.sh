@@ -11,9 +11,10 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 wt=$(mktemp -d)
 git -C "$root" worktree add -q --detach "$wt" HEAD
 trap 'git -C "$root" worktree remove --force "$wt"' EXIT
-(cd "$wt" && MLX_GEN_BACKEND=cuda CARGO_TARGET_DIR="$root/target-cuda" cargo build --release -q -p mlx-gen-rs)
+(cd "$wt" && MLX_GEN_BACKEND=cuda CARGO_TARGET_DIR="$root/target-cuda" cargo build --release -q -p mlx-gen-rs \
+    && MLX_GEN_BACKEND=cuda CARGO_TARGET_DIR="$root/target-cuda" cargo build --release -q -p engine --example batch_step_cost)
 mkdir -p "$root/.gpubin/bench" "$root/.gpubin/oracle"
-cp "$root/target-cuda/release/mlx-gen" "$root/.gpubin/"
+cp "$root/target-cuda/release/mlx-gen" "$root/target-cuda/release/examples/batch_step_cost" "$root/.gpubin/"
 cp "$root"/scripts/bench/*.py "$root"/scripts/bench/gpu_suite.sh "$root/.gpubin/bench/"
 cp "$root/tests/oracle/make_tokenizer.py" "$root/.gpubin/oracle/"
 grep -qx "/.gpubin/" "$root/.git/info/exclude" 2>/dev/null || echo "/.gpubin/" >> "$root/.git/info/exclude"

@@ -9,6 +9,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...]")?;
     let sizes: Vec<usize> = args.map(|a| a.parse()).collect::<Result<_, _>>()?;
+    if mlx::runtime::gpu_available() {
+        // As `mlx-gen serve` on a GPU (its default prefill chunk): masked and multi-position
+        // attention composed of plain operations (see engine::nn::sdpa).
+        mlx::runtime::set_env_default("MLX_MAX_OPS_PER_BUFFER", "80")?;
+        engine::nn::sdpa::set_composed_max(512);
+    }
     let m = LoadedModel::load(std::path::Path::new(&dir))?;
     for b in if sizes.is_empty() { vec![1, 8, 32] } else { sizes } {
         let mut engine = BatchEngine::new(m.model.as_ref(), 4096, None);
