@@ -5,6 +5,7 @@
 #include <mlx/mlx.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <functional>
 #include <cstring>
 #include <optional>
@@ -239,12 +240,34 @@ int mlxs_array_to_host(const mlxs_array a, int dtype, void* buf, size_t nbytes) 
   });
 }
 
+// Work queued with async_eval may still run on MLX's stream thread when the process exits; MLX's
+// own statics (scheduler, allocator) are then destroyed under it (seen as glibc heap corruption at
+// exit). Registered at the first evaluation, after MLX has built those statics, this handler runs
+// before their destructors and waits for the queued work.
+static void wait_at_exit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit([] {
+      try {
+        mx::synchronize();
+      } catch (...) {
+      }
+    });
+  });
+}
+
 int mlxs_eval(const mlxs_array* a, size_t n) {
-  return guard([&] { mx::eval(arrays(a, n)); });
+  return guard([&] {
+    mx::eval(arrays(a, n));
+    wait_at_exit();
+  });
 }
 
 int mlxs_async_eval(const mlxs_array* a, size_t n) {
-  return guard([&] { mx::async_eval(arrays(a, n)); });
+  return guard([&] {
+    mx::async_eval(arrays(a, n));
+    wait_at_exit();
+  });
 }
 
 int mlxs_unary(mlxs_array* out, int op, const mlxs_array a) {
