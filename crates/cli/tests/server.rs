@@ -1,100 +1,20 @@
 //! `mlx-gen serve` end to end: the real binary on a free 127.0.0.1 port with a tiny model, driven over HTTP (JSON, SSE, errors, auth, metrics).
 mod common;
+mod server_harness;
 
 use serde_json::{json, Value};
+use server_harness::{chunks, Server};
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
-
-/// A running `mlx-gen serve`, killed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-    agent: ureq::Agent,
-    key: Option<String>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn model_path() -> String {
     common::model("llama3-f32").to_string_lossy().into_owned()
 }
 
-impl Server {
-    /// Starts the server on port 0 and reads the address it listens on from its stderr.
-    fn start(extra: &[&str]) -> Server {
-        Server::start_with(&model_path(), extra)
-    }
-
-    fn start_with(model: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
-            .args(["serve", "--model", model, "--host", "127.0.0.1", "--port", "0"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mlx-gen serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.find("http://") {
-                    let _ = tx.send(line[at..].split_whitespace().next().unwrap_or("").to_owned());
-                }
-            }
-        });
-        let base = rx.recv_timeout(Duration::from_secs(120)).expect("the server did not report its address in time");
-        assert!(base.starts_with("http://127.0.0.1:"), "{base}");
-        let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
-        let key = extra.iter().position(|a| *a == "--api-key").map(|i| extra[i + 1].to_owned());
-        Server { child, base, agent, key }
-    }
-
-    /// Sends a request; returns the status and the body.
-    fn call(&self, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> (u16, String) {
-        let mut req = self.agent.request(method, &format!("{}{path}", self.base)).set("Content-Type", "application/json");
-        if let Some(k) = key.or(self.key.as_deref()) {
-            req = req.set("Authorization", &format!("Bearer {k}"));
-        }
-        let result = match body {
-            Some(b) => req.send_string(b),
-            None => req.call(),
-        };
-        match result {
-            Ok(r) => (r.status(), r.into_string().expect("body")),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().expect("body")),
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    fn post(&self, path: &str, body: &Value) -> Value {
-        let (status, text) = self.call("POST", path, Some(&body.to_string()), None);
-        assert_eq!(status, 200, "{body}: {text}");
-        serde_json::from_str(&text).expect("JSON answer")
-    }
-
-    /// A streamed request: the `data:` payloads in order (the last must be `[DONE]`).
-    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let r = self.agent.post(&format!("{}{path}", self.base)).send_string(&body.to_string()).expect("stream request");
-        assert_eq!(r.header("Content-Type"), Some("text/event-stream"));
-        let mut text = String::new();
-        r.into_reader().take(1 << 24).read_to_string(&mut text).expect("read stream");
-        assert!(text.ends_with("\n\n"), "events end with a blank line: {text:?}");
-        let events: Vec<String> = text.split_terminator("\n\n").map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("not an SSE data line: {e:?}")).to_owned()).collect();
-        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-        events
-    }
-}
-
-fn chunks(events: &[String]) -> Vec<Value> {
-    events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk JSON")).collect()
+/// The server on the test model.
+fn start(extra: &[&str]) -> Server {
+    Server::start(&model_path(), extra)
 }
 
 fn generate_json(args: &[&str]) -> Value {
@@ -108,7 +28,7 @@ fn generate_json(args: &[&str]) -> Value {
 
 #[test]
 fn chat_and_completions_match_generate() {
-    let s = Server::start(&[]);
+    let s = start(&[]);
     let want = generate_json(&["--prompt", "hello", "-m", "12"]);
     let text = want["text"].as_str().unwrap();
     let body = json!({"model": model_path(), "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12});
@@ -164,7 +84,7 @@ fn chat_and_completions_match_generate() {
 
 #[test]
 fn stop_strings_are_never_emitted_partially() {
-    let s = Server::start(&[]);
+    let s = start(&[]);
     let base = json!({"prompt": "hello", "max_tokens": 16});
     let full = s.post("/v1/completions", &base)["choices"][0]["text"].as_str().unwrap().to_owned();
     let chars: Vec<char> = full.chars().collect();
@@ -187,9 +107,10 @@ fn stop_strings_are_never_emitted_partially() {
 
 #[test]
 fn bad_requests_get_json_errors() {
-    let s = Server::start(&["--max-body-bytes", "4096"]);
+    let s = start(&["--max-body-bytes", "4096"]);
     let check = |method: &str, path: &str, body: Option<&str>, status: u16, param: Option<&str>| {
-        let (got, text) = s.call(method, path, body, None);
+        let a = s.call(method, path, body);
+        let (got, text) = (a.status, a.body);
         assert_eq!(got, status, "{method} {path} {body:?}: {text}");
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
         let e = &v["error"];
@@ -243,8 +164,9 @@ fn bad_requests_get_json_errors() {
     check("GET", "/v1/nothing", None, 404, None);
     check("GET", chat, None, 405, None);
     // The server still serves after all that.
-    assert_eq!(s.call("GET", "/health", None, None), (200, r#"{"status":"ok"}"#.to_owned()));
-    let models: Value = serde_json::from_str(&s.call("GET", "/v1/models", None, None).1).unwrap();
+    let health = s.call("GET", "/health", None);
+    assert_eq!((health.status, health.body.as_str()), (200, r#"{"status":"ok"}"#));
+    let models: Value = serde_json::from_str(&s.call("GET", "/v1/models", None).body).unwrap();
     assert_eq!(models["data"][0]["id"], model_path());
     let got = s.post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 3}));
     assert_eq!(got["usage"]["completion_tokens"], 3);
@@ -253,9 +175,7 @@ fn bad_requests_get_json_errors() {
     // The engine thread updates its gauges just after the answer's last event: poll briefly.
     let mut metrics = String::new();
     for _ in 0..100 {
-        let (status, text) = s.call("GET", "/metrics", None, None);
-        assert_eq!(status, 200);
-        metrics = text;
+        metrics = s.metrics();
         if metrics.contains("mlxgen_running_requests 0") {
             break;
         }
@@ -277,14 +197,15 @@ fn bad_requests_get_json_errors() {
 
 #[test]
 fn api_key_guards_every_route_but_health() {
-    let s = Server::start(&["--api-key", "sekrit"]);
-    assert_eq!(s.call("GET", "/health", None, Some("wrong")).0, 200);
+    let s = start(&["--api-key", "sekrit"]);
+    assert_eq!(s.call_as("GET", "/health", None, Some("wrong")).status, 200);
     for (method, path) in [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/chat/completions"), ("GET", "/nowhere")] {
-        let (status, text) = s.call(method, path, Some("{}").filter(|_| method == "POST"), Some("wrong"));
+        let a = s.call_as(method, path, Some("{}").filter(|_| method == "POST"), Some("wrong"));
+        let (status, text) = (a.status, a.body);
         assert_eq!(status, 401, "{path}: {text}");
         assert!(text.contains("\"authentication_error\""), "{text}");
     }
-    assert_eq!(s.call("GET", "/v1/models", None, None).0, 200);
+    assert_eq!(s.call("GET", "/v1/models", None).status, 200);
     let got = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
     assert_eq!(got["usage"]["completion_tokens"], 2);
 }
@@ -292,7 +213,7 @@ fn api_key_guards_every_route_but_health() {
 /// Reads `/metrics` until `line` is in it (bounded); returns whether it showed up.
 fn wait_for_metric(s: &Server, line: &str) -> bool {
     for _ in 0..250 {
-        if s.call("GET", "/metrics", None, None).1.contains(line) {
+        if s.call("GET", "/metrics", None).body.contains(line) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -302,7 +223,7 @@ fn wait_for_metric(s: &Server, line: &str) -> bool {
 
 #[test]
 fn a_client_that_goes_away_cancels_and_ctrl_c_stops() {
-    let mut s = Server::start(&[]);
+    let mut s = start(&[]);
     let body = json!({"prompt": "hello", "max_tokens": 1_000_000, "stream": true});
     let r = s.agent.post(&format!("{}/v1/completions", s.base)).send_string(&body.to_string()).expect("stream");
     let mut reader = BufReader::new(r.into_reader());
@@ -336,7 +257,7 @@ fn a_client_that_goes_away_cancels_and_ctrl_c_stops() {
 
 #[test]
 fn concurrent_requests_each_get_their_own_answer() {
-    let s = Server::start(&[]);
+    let s = start(&[]);
     let body = |i: usize| json!({"prompt": format!("prompt number {i}"), "max_tokens": 6 + i, "stream": i.is_multiple_of(2)});
     let text_of = |i: usize| -> String {
         let b = body(i);
@@ -368,7 +289,7 @@ fn reasoning_content_is_split_out() {
     let want: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(want["reasoning"].is_string(), "{want}");
 
-    let s = Server::start_with(d, &[]);
+    let s = Server::start(d, &[]);
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 24});
     let v = s.post("/v1/chat/completions", &body);
     let msg = &v["choices"][0]["message"];

@@ -72,8 +72,13 @@ impl Server {
 
     /// Sends a request with the server's key (if any); any status comes back as an `Answer`.
     pub fn call(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        self.call_as(method, path, body, None)
+    }
+
+    /// [`Server::call`] with `key` as the bearer key instead of the server's own.
+    pub fn call_as(&self, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> Answer {
         let mut req = self.agent.request(method, &format!("{}{path}", self.base)).set("Content-Type", "application/json");
-        if let Some(k) = &self.key {
+        if let Some(k) = key.or(self.key.as_deref()) {
             req = req.set("Authorization", &format!("Bearer {k}"));
         }
         let result = match body {
