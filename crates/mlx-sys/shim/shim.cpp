@@ -534,24 +534,14 @@ int mlxs_layer_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight
 }
 
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,
-              int offset, const mlxs_array freqs) {
+              int offset, const mlxs_array offsets, const mlxs_array freqs) {
   return guard([&] {
     std::optional<float> b;
     if (has_base) {
       b = base;
     }
-    *out = wrap(mx::fast::rope(arr(x), dims, traditional != 0, b, scale, offset, opt(freqs)));
-  });
-}
-
-int mlxs_rope_rows(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base,
-                   float scale, const mlxs_array offsets, const mlxs_array freqs) {
-  return guard([&] {
-    std::optional<float> b;
-    if (has_base) {
-      b = base;
-    }
-    *out = wrap(mx::fast::rope(arr(x), dims, traditional != 0, b, scale, arr(offsets), opt(freqs)));
+    *out = offsets ? wrap(mx::fast::rope(arr(x), dims, traditional != 0, b, scale, arr(offsets), opt(freqs)))
+                   : wrap(mx::fast::rope(arr(x), dims, traditional != 0, b, scale, offset, opt(freqs)));
   });
 }
 

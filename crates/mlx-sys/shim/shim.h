@@ -93,11 +93,9 @@ int mlxs_cumsum(mlxs_array* out, const mlxs_array a, int axis, int reverse, int 
 int mlxs_swiglu(mlxs_array* out, const mlxs_array gate, const mlxs_array up);
 int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, float eps);
 int mlxs_layer_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, const mlxs_array bias, float eps);
+/* rope from position `offset`, or from offsets[b] for batch row b when `offsets` (B,) int32 is given */
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,
-              int offset, const mlxs_array freqs);
-/* rope at one offset per batch row: offsets (B,) int32 */
-int mlxs_rope_rows(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base,
-                   float scale, const mlxs_array offsets, const mlxs_array freqs);
+              int offset, const mlxs_array offsets, const mlxs_array freqs);
 int mlxs_sdpa(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,
               const char* mask_mode, const mlxs_array mask, const mlxs_array sinks);
 

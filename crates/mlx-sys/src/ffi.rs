@@ -179,16 +179,6 @@ extern "C" {
         base: c_float,
         scale: c_float,
         offset: c_int,
-        freqs: mlxs_array,
-    ) -> c_int;
-    pub fn mlxs_rope_rows(
-        out: *mut mlxs_array,
-        x: mlxs_array,
-        dims: c_int,
-        traditional: c_int,
-        has_base: c_int,
-        base: c_float,
-        scale: c_float,
         offsets: mlxs_array,
         freqs: mlxs_array,
     ) -> c_int;

@@ -430,29 +430,11 @@ pub fn layer_norm(x: &Handle, weight: Option<&Handle>, bias: Option<&Handle>, ep
     make(|o| unsafe { ffi::mlxs_layer_norm(o, x.raw(), opt(weight), opt(bias), eps) })
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn rope_rows(
-    x: &Handle,
-    dims: i32,
-    traditional: bool,
-    base: Option<f32>,
-    scale: f32,
-    offsets: &Handle,
-    freqs: Option<&Handle>,
-) -> Result<Handle> {
-    make(|o| unsafe {
-        ffi::mlxs_rope_rows(
-            o,
-            x.raw(),
-            dims,
-            c_int::from(traditional),
-            c_int::from(base.is_some()),
-            base.unwrap_or(0.0),
-            scale,
-            offsets.raw(),
-            opt(freqs),
-        )
-    })
+/// Where [`rope`]'s positions start: one offset, or one per batch row ((B,) int32).
+#[derive(Clone, Copy)]
+pub enum RopeOffset<'a> {
+    Same(i32),
+    Rows(&'a Handle),
 }
 
 pub fn rope(
@@ -461,9 +443,13 @@ pub fn rope(
     traditional: bool,
     base: Option<f32>,
     scale: f32,
-    offset: i32,
+    offset: RopeOffset<'_>,
     freqs: Option<&Handle>,
 ) -> Result<Handle> {
+    let (same, rows) = match offset {
+        RopeOffset::Same(o) => (o, None),
+        RopeOffset::Rows(r) => (0, Some(r)),
+    };
     make(|o| unsafe {
         ffi::mlxs_rope(
             o,
@@ -473,7 +459,8 @@ pub fn rope(
             c_int::from(base.is_some()),
             base.unwrap_or(0.0),
             scale,
-            offset,
+            same,
+            opt(rows),
             opt(freqs),
         )
     })

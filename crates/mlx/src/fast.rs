@@ -32,7 +32,7 @@ pub fn rope(
     offset: i32,
     freqs: Option<&Array>,
 ) -> Result<Array> {
-    ctx("rope", sys::rope(x.handle(), dims, traditional, base, scale, offset, freqs.map(Array::handle)))
+    ctx("rope", sys::rope(x.handle(), dims, traditional, base, scale, sys::RopeOffset::Same(offset), freqs.map(Array::handle)))
         .map(Array::from_handle)
 }
 
@@ -47,7 +47,8 @@ pub fn rope_rows(
     offsets: &Array,
     freqs: Option<&Array>,
 ) -> Result<Array> {
-    ctx("rope", sys::rope_rows(x.handle(), dims, traditional, base, scale, offsets.handle(), freqs.map(Array::handle)))
+    let offsets = sys::RopeOffset::Rows(offsets.handle());
+    ctx("rope", sys::rope(x.handle(), dims, traditional, base, scale, offsets, freqs.map(Array::handle)))
         .map(Array::from_handle)
 }
 
