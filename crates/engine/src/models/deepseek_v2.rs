@@ -4,8 +4,8 @@
 //! the shared RoPE key) and values, as mlx-lm's; YaRN rope; the first `first_k_dense_replace`
 //! layers dense, then mixture-of-experts layers (softmax routing, optionally group-limited, plus
 //! shared experts).
-use super::Model;
-use crate::cache::{quantized_sdpa, CacheMask, GrowingCache, KvCache, RotatingCache};
+use super::{check_caches, default_caches, Model};
+use crate::cache::{quantized_sdpa, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
 use crate::nn::mla::{MlaProjections, MlaSpec};
 use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
@@ -310,23 +310,6 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
         lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
     }))
-}
-
-/// mlx-lm's `make_prompt_cache` for a model without `make_cache`.
-pub(super) fn default_caches(n: usize, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
-    (0..n)
-        .map(|_| match max_kv_size {
-            Some(m) => Box::new(RotatingCache::new(m, 4)) as Box<dyn KvCache>,
-            None => Box::new(GrowingCache::new()) as Box<dyn KvCache>,
-        })
-        .collect()
-}
-
-pub(super) fn check_caches(cache: &[Box<dyn KvCache>], layers: usize) -> Result<()> {
-    if cache.len() != layers {
-        return Err(EngineError::Invalid(format!("{} caches for {layers} layers", cache.len())));
-    }
-    Ok(())
 }
 
 impl Model for DeepseekV2 {

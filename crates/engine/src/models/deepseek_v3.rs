@@ -4,7 +4,8 @@
 //! (as keys, one shared head) and the RoPE key (as values), as mlx-lm's does; `kv_b_proj` is split
 //! at load into per-head `embed_q` / `unembed_out` matrices. Sigmoid routing with
 //! `e_score_correction_bias`, group-limited top-k, normalised weights and shared experts.
-use super::deepseek_v2::{check_caches, default_caches, is_moe, mla_spec, parse, Config as V2Config};
+use super::deepseek_v2::{is_moe, mla_spec, parse, Config as V2Config};
+use super::{check_caches, default_caches};
 use super::Model;
 use crate::cache::{create_causal_mask, CacheMask, KvCache};
 use crate::error::{EngineError, Result};

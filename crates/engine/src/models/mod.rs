@@ -9,7 +9,7 @@ mod transformer;
 
 pub use transformer::CacheLayout;
 
-use crate::cache::KvCache;
+use crate::cache::{GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::QuantConfig;
 use crate::weights::Weights;
@@ -47,6 +47,23 @@ pub trait Model: Send {
     }
     /// tokens (B, L) -> logits (B, L, vocab), appending to `cache`.
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array>;
+}
+
+/// mlx-lm's `make_prompt_cache` for a model without `make_cache`.
+pub(crate) fn default_caches(n: usize, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+    (0..n)
+        .map(|_| match max_kv_size {
+            Some(m) => Box::new(RotatingCache::new(m, 4)) as Box<dyn KvCache>,
+            None => Box::new(GrowingCache::new()) as Box<dyn KvCache>,
+        })
+        .collect()
+}
+
+pub(crate) fn check_caches(cache: &[Box<dyn KvCache>], layers: usize) -> Result<()> {
+    if cache.len() != layers {
+        return Err(EngineError::Invalid(format!("{} caches for {layers} layers", cache.len())));
+    }
+    Ok(())
 }
 
 /// An architecture's config struct from config.json, as an error naming the bad field.

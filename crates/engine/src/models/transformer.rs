@@ -208,21 +208,13 @@ impl Model for Decoder {
 
     fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
         match (&self.spec.cache_layout, max_kv_size) {
-            (CacheLayout::Default, Some(n)) => {
-                self.layers.iter().map(|_| Box::new(RotatingCache::new(n, 4)) as Box<dyn KvCache>).collect()
-            }
+            (CacheLayout::Default, Some(_)) => super::default_caches(self.layers.len(), max_kv_size),
             _ => self.make_cache(),
         }
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        if cache.len() != self.layers.len() {
-            return Err(EngineError::Invalid(format!(
-                "{} caches for {} layers",
-                cache.len(),
-                self.layers.len()
-            )));
-        }
+        super::check_caches(cache, self.layers.len())?;
         let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
         // As mlx-lm: the mask comes from the first full-attention layer's cache, and the sliding
         // one from the first sliding layer's cache with the window.
