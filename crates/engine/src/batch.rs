@@ -58,6 +58,8 @@ struct Pending {
 
 pub struct BatchEngine<'m> {
     model: &'m dyn Model,
+    /// The model's layers (caches per sequence).
+    layers: usize,
     prefill_step_size: usize,
     prefix: Option<PagedPool>,
     waiting: VecDeque<Prefill>,
@@ -74,6 +76,7 @@ impl<'m> BatchEngine<'m> {
     pub fn new(model: &'m dyn Model, prefill_step_size: usize, prefix: Option<PagedPool>) -> BatchEngine<'m> {
         BatchEngine {
             model,
+            layers: model.make_cache().len(),
             prefill_step_size: prefill_step_size.max(1),
             prefix,
             waiting: VecDeque::new(),
@@ -102,7 +105,7 @@ impl<'m> BatchEngine<'m> {
         }
         params.sampler.validate()?;
         params.sampler.validate_vocab(self.model.vocab_size())?;
-        let n_layers = self.model.make_cache().len();
+        let n_layers = self.layers;
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
             Some((n, kv)) if n > 0 && kv.len() == n_layers => {
                 let cache = kv
@@ -237,7 +240,7 @@ impl<'m> BatchEngine<'m> {
     /// Adds prefilled sequences to the running batch.
     fn join(&mut self, joined: Vec<(Prefill, Pending, Option<Array>)>) -> Result<()> {
         if self.caches.is_empty() {
-            self.caches = (0..self.model.make_cache().len()).map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
+            self.caches = (0..self.layers).map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
         }
         let (mut tokens, mut logprobs) = match self.pending.take() {
             Some(p) => (vec![p.tokens], p.logprobs),

@@ -17,11 +17,21 @@ pub struct BatchCache {
     idx: i32,
     /// Per row: leading columns that hold no position of that row.
     left_pad: Vec<i32>,
+    /// Per row: the position of the next key, `idx - left_pad` as a (B,) int32 array, made once
+    /// per change (every layer's RoPE of queries and keys reads it).
+    offsets: Option<Array>,
 }
 
 impl BatchCache {
     pub fn new() -> BatchCache {
         BatchCache::default()
+    }
+
+    /// Recomputes `offsets` after `idx` or `left_pad` changed.
+    fn refresh_offsets(&mut self) -> Result<()> {
+        let offsets: Vec<i32> = self.left_pad.iter().map(|p| self.idx - p).collect();
+        self.offsets = if offsets.is_empty() { None } else { Some(Array::from_slice(&offsets, &[offsets.len() as i32])?) };
+        Ok(())
     }
 
     /// Rows in the batch.
@@ -46,6 +56,7 @@ impl BatchCache {
             self.values = Some(values.clone());
             self.idx = len;
             self.left_pad = vec![0];
+            self.refresh_offsets()?;
             return Ok(());
         };
         let (k, v) = (k.slice_axis(2, 0, self.idx)?, v.slice_axis(2, 0, self.idx)?);
@@ -68,6 +79,7 @@ impl BatchCache {
         }
         self.left_pad.push(new_idx - len);
         self.idx = new_idx;
+        self.refresh_offsets()?;
         Ok(())
     }
 
@@ -95,6 +107,7 @@ impl BatchCache {
             *p -= shift;
         }
         self.idx -= shift;
+        self.refresh_offsets()?;
         Ok(())
     }
 
@@ -122,8 +135,7 @@ impl KvCache for BatchCache {
     }
 
     fn row_offsets(&self) -> Option<Array> {
-        let offsets: Vec<i32> = self.left_pad.iter().map(|p| self.idx - p).collect();
-        Array::from_slice(&offsets, &[offsets.len() as i32]).ok()
+        self.offsets.clone()
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
@@ -155,12 +167,14 @@ impl KvCache for BatchCache {
         let out = (k.slice_axis(2, 0, self.idx)?, v.slice_axis(2, 0, self.idx)?);
         self.keys = Some(k);
         self.values = Some(v);
+        self.refresh_offsets()?;
         Ok(out)
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {
         let n = n.min(self.idx - self.left_pad.iter().copied().max().unwrap_or(0)).max(0);
         self.idx -= n;
+        self.refresh_offsets()?;
         Ok(n)
     }
 
