@@ -33,6 +33,37 @@ def build_prompt(tokenizer, prompt, ignore_chat_template=False, system_prompt=No
     return tokenizer.encode(prompt, add_special_tokens=not use_chat_template)
 
 
+def sampling_from_case(case, tokenizer):
+    """The sampler and logits processors of a test case's "sampler" and "processors" settings, as
+    mlx_lm.generate makes them (xtc_special_tokens = encode("\\n") + eos_token_ids)."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    s = case.get("sampler", {})
+    sampler = make_sampler(
+        s.get("temp", 0.0),
+        s.get("top_p", 1.0),
+        s.get("min_p", 0.0),
+        s.get("min_tokens_to_keep", 1),
+        top_k=s.get("top_k", 0),
+        xtc_probability=s.get("xtc_probability", 0.0),
+        xtc_threshold=s.get("xtc_threshold", 0.1),
+        xtc_special_tokens=tokenizer.encode("\n") + list(tokenizer.eos_token_ids),
+    )
+    p = case.get("processors", {})
+    bias = {int(k): float(v) for k, v in p.get("logit_bias", {}).items()} or None
+    processors = make_logits_processors(
+        bias,
+        p.get("repetition_penalty"),
+        p.get("repetition_context_size", 20),
+        p.get("presence_penalty"),
+        p.get("presence_context_size", 20),
+        p.get("frequency_penalty"),
+        p.get("frequency_context_size", 20),
+    )
+    return sampler, processors
+
+
+
 def run(model_dir, prompt, max_tokens, ignore_chat_template=False, system_prompt=None, with_logits=True):
     import mlx.core as mx
     from mlx_lm import load

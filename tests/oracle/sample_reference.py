@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from reference import build_prompt
+from reference import build_prompt, sampling_from_case
 
 
 def count_draws(model_dir):
@@ -45,7 +45,6 @@ def run_case(case):
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import stream_generate
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
     mx.random.seed(case["seed"])
     model, tokenizer = load(
@@ -54,28 +53,7 @@ def run_case(case):
         model_config={"quantize_activations": False},
     )
     prompt_ids = build_prompt(tokenizer, case["prompt"])
-    s = case.get("sampler", {})
-    sampler = make_sampler(
-        s.get("temp", 0.0),
-        s.get("top_p", 1.0),
-        s.get("min_p", 0.0),
-        s.get("min_tokens_to_keep", 1),
-        top_k=s.get("top_k", 0),
-        xtc_probability=s.get("xtc_probability", 0.0),
-        xtc_threshold=s.get("xtc_threshold", 0.1),
-        xtc_special_tokens=tokenizer.encode("\n") + list(tokenizer.eos_token_ids),
-    )
-    p = case.get("processors", {})
-    bias = {int(k): float(v) for k, v in p.get("logit_bias", {}).items()} or None
-    processors = make_logits_processors(
-        bias,
-        p.get("repetition_penalty"),
-        p.get("repetition_context_size", 20),
-        p.get("presence_penalty"),
-        p.get("presence_context_size", 20),
-        p.get("frequency_penalty"),
-        p.get("frequency_context_size", 20),
-    )
+    sampler, processors = sampling_from_case(case, tokenizer)
     k = case.get("top_logprobs", 0)
     tokens, logprobs, tops = [], [], []
     for resp in stream_generate(
