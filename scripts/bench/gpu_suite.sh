@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements the open issues need, from the folder stage-gpu.sh fills (.gpubin/: mlx-gen +
-# bench scripts), on a machine where `python3` has mlx (CUDA) and mlx-lm. One section per device call
+# bench scripts), on a machine where `python3` has mlx (CUDA) and mlx-lm. One section per call
 # (each under 10 minutes on an H200):
 #   gpu_suite.sh perf   MLX CUDA-graph size sweep, then the side-by-side table (3 rounds, pacing)  (issue 13)
 #   gpu_suite.sh more   fused vs separate, paged vs growing cache (issue 5), prompt 4096, DeepSeek-V2-Lite (issue 8)
@@ -8,7 +8,7 @@
 #                       needs the GGUF at $GGUF (default /tmp/model.gguf)
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
-#   gpu_suite.sh check  the quick re-checks after the second session's fixes: prompt lookup vs plain, paged vs
+#   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
 set -u
