@@ -3,8 +3,10 @@
 #include "shim.h"
 
 #include <mlx/mlx.h>
+#include <mlx/graph_utils.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <functional>
 #include <cstring>
@@ -267,6 +269,19 @@ int mlxs_async_eval(const mlxs_array* a, size_t n) {
   return guard([&] {
     mx::async_eval(arrays(a, n));
     wait_at_exit();
+  });
+}
+
+int mlxs_export_to_dot(const mlxs_array* a, size_t n, const char* path) {
+  return guard([&] {
+    std::ofstream os(path);
+    if (!os) {
+      throw std::runtime_error(std::string("cannot write ") + path);
+    }
+    mx::export_to_dot(os, arrays(a, n));
+    if (!os.flush()) {
+      throw std::runtime_error(std::string("cannot write ") + path);
+    }
   });
 }
 

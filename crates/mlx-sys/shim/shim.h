@@ -41,6 +41,8 @@ size_t mlxs_array_nbytes(const mlxs_array a);
 int mlxs_array_to_host(const mlxs_array a, int dtype, void* buf, size_t nbytes);
 int mlxs_eval(const mlxs_array* arrays, size_t n);
 int mlxs_async_eval(const mlxs_array* arrays, size_t n);
+/* The unevaluated graph behind `arrays` in Graphviz dot (mx::export_to_dot), written to `path`. */
+int mlxs_export_to_dot(const mlxs_array* arrays, size_t n, const char* path);
 
 /* elementwise */
 int mlxs_unary(mlxs_array* out, int op, const mlxs_array a);

@@ -48,6 +48,7 @@ extern "C" {
     pub fn mlxs_array_to_host(a: mlxs_array, dtype: c_int, buf: *mut u8, nbytes: usize) -> c_int;
     pub fn mlxs_eval(arrays: *const mlxs_array, n: usize) -> c_int;
     pub fn mlxs_async_eval(arrays: *const mlxs_array, n: usize) -> c_int;
+    pub fn mlxs_export_to_dot(arrays: *const mlxs_array, n: usize, path: *const c_char) -> c_int;
 
     pub fn mlxs_unary(out: *mut mlxs_array, op: c_int, a: mlxs_array) -> c_int;
     pub fn mlxs_binary(out: *mut mlxs_array, op: c_int, a: mlxs_array, b: mlxs_array) -> c_int;

@@ -176,6 +176,13 @@ pub fn async_eval(arrays: &[&Handle]) -> Result<()> {
     check(unsafe { ffi::mlxs_async_eval(r.as_ptr(), r.len()) })
 }
 
+/// Writes the graph behind `arrays` (not evaluated) to `path` as Graphviz dot.
+pub fn export_to_dot(arrays: &[&Handle], path: &str) -> Result<()> {
+    let r = raws(arrays);
+    let cpath = cstring(path)?;
+    check(unsafe { ffi::mlxs_export_to_dot(r.as_ptr(), r.len(), cpath.as_ptr()) })
+}
+
 // ---- operation codes (see shim.cpp) ----
 pub const UNARY_EXP: i32 = 0;
 pub const UNARY_LOG: i32 = 1;

@@ -241,6 +241,14 @@ pub fn eval(arrays: &[&Array]) -> Result<()> {
     ctx("eval", mlx_sys::eval(&h))
 }
 
+/// Writes the graph that evaluating `arrays` would run to `path` in Graphviz dot, as Python's
+/// `mx.export_to_dot` (one rectangle per primitive): for counting the operations of a step.
+#[track_caller]
+pub fn export_to_dot(arrays: &[&Array], path: &str) -> Result<()> {
+    let h: Vec<&Handle> = arrays.iter().map(|a| &a.0).collect();
+    ctx("export_to_dot", mlx_sys::export_to_dot(&h, path))
+}
+
 /// Schedules evaluation without waiting for it.
 #[track_caller]
 pub fn async_eval(arrays: &[&Array]) -> Result<()> {

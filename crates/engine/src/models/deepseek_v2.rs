@@ -4,13 +4,13 @@
 //! the shared RoPE key) and values, as mlx-lm's; YaRN rope; the first `first_k_dense_replace`
 //! layers dense, then mixture-of-experts layers (softmax routing, optionally group-limited, plus
 //! shared experts).
-use super::{check_caches, default_caches, Model};
+use super::stack::{Arch, Block, FeedForward, Part, Stack, StackDims};
+use super::Model;
 use crate::cache::{quantized_sdpa, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
 use crate::nn::mla::{MlaProjections, MlaSpec};
-use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
-use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
-use crate::pipeline::Stage;
+use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
+use crate::nn::{Linear, QuantConfig, Rope, RopeScaling};
 use crate::shard::ShardMode;
 use crate::weights::{Vb, Weights};
 use mlx::distributed::Group;
@@ -163,88 +163,73 @@ impl Gate {
     }
 }
 
-#[derive(Clone)]
-struct Moe {
-    gate: Gate,
-    switch_mlp: SwitchGlu,
-    shared_experts: Option<GluMlp>,
-    /// Tensor parallel: every expert holds this rank's hidden units; the output is summed here.
-    reduce: Option<Group>,
-}
+impl Router for Gate {
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        self.forward(x)
+    }
 
-#[derive(Clone)]
-enum Ffn {
-    Dense(GluMlp),
-    Moe(Moe),
-}
-
-impl Ffn {
     fn arrays(&self) -> Vec<&Array> {
-        match self {
-            Ffn::Dense(m) => m.arrays(),
-            Ffn::Moe(m) => {
-                let mut v = vec![&m.gate.weight];
-                v.extend(m.switch_mlp.arrays());
-                v.extend(m.shared_experts.iter().flat_map(|s| s.arrays()));
-                v
-            }
-        }
+        vec![&self.weight]
+    }
+}
+
+impl Part for Attention {
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.proj.arrays();
+        v.extend(self.kv_b_proj.arrays());
+        v
     }
 
-    /// The routed and shared experts keep this rank's block of hidden units, their sum is summed
-    /// over the group once (mlx-lm's `sharding_group`); the router stays whole.
-    fn shard(&self, group: &Group) -> Result<Ffn> {
-        Ok(match self {
-            Ffn::Dense(m) => Ffn::Dense(m.shard(group, true)?),
-            Ffn::Moe(m) => Ffn::Moe(Moe {
-                gate: m.gate.clone(),
-                switch_mlp: m.switch_mlp.shard(group)?,
-                shared_experts: m.shared_experts.as_ref().map(|s| s.shard(group, false)).transpose()?,
-                reduce: Some(group.clone()),
-            }),
-        })
+    fn shard(&self, group: &Group) -> Result<Attention> {
+        Attention::shard(self, group)
+    }
+}
+
+impl<R: Router> Part for Ffn<R> {
+    fn arrays(&self) -> Vec<&Array> {
+        Ffn::arrays(self)
     }
 
+    fn shard(&self, group: &Group) -> Result<Ffn<R>> {
+        Ffn::shard(self, group)
+    }
+}
+
+impl<R: Router> FeedForward for Ffn<R> {
     fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe(m) => {
-                let (inds, scores) = m.gate.forward(x)?;
-                let y = m.switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
-                let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?;
-                let y = match &m.shared_experts {
-                    Some(s) => y.add(&s.forward(x)?)?,
-                    None => y,
-                };
-                match &m.reduce {
-                    Some(g) => Ok(g.all_sum(&y)?),
-                    None => Ok(y),
-                }
-            }
-        }
+        Ffn::forward(self, x)
     }
 }
 
-#[derive(Clone)]
-struct Layer {
-    self_attn: Attention,
-    mlp: Ffn,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-}
-
-pub struct DeepseekV2 {
+/// deepseek_v2's part of the model (see [`super::stack::Arch`]): the mask of the first cache.
+struct DeepseekV2 {
     model_type: String,
     vocab_size: i32,
-    embed_tokens: Embedding,
-    /// The layers this process runs: all of them, or a pipeline stage's.
-    layers: Vec<Layer>,
-    stage: Option<Stage>,
-    norm: RmsNorm,
-    lm_head: Linear,
 }
 
-fn load_moe(vb: &Vb<'_>, c: &Config, q: &QuantConfig) -> Result<Moe> {
+impl Arch for DeepseekV2 {
+    type Attn = Attention;
+    type Ffn = Ffn<Gate>;
+    type Masks = CacheMask;
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    fn masks(&self, n: i32, _first_layer: usize, cache: &[Box<dyn KvCache>]) -> Result<CacheMask> {
+        cache[0].make_mask(n, None)
+    }
+
+    fn attend(&self, attn: &Attention, x: &Array, _layer: usize, mask: &CacheMask, cache: &mut dyn KvCache) -> Result<Array> {
+        attn.forward(x, mask.as_mask(), cache)
+    }
+}
+
+fn load_moe(vb: &Vb<'_>, c: &Config, q: &QuantConfig) -> Result<Ffn<Gate>> {
     let experts = c.n_routed_experts.unwrap_or(0);
     let top_k = c.num_experts_per_tok.ok_or_else(|| EngineError::Config("num_experts_per_tok is missing".into()))?;
     let groups = if c.topk_method == "group_limited_greedy" {
@@ -255,15 +240,8 @@ fn load_moe(vb: &Vb<'_>, c: &Config, q: &QuantConfig) -> Result<Moe> {
     } else {
         None
     };
-    Ok(Moe {
-        gate: Gate { weight: vb.get("gate.weight", &[experts, c.hidden_size])?, top_k, groups, routed_scaling_factor: c.routed_scaling_factor },
-        switch_mlp: SwitchGlu::load(&vb.pp("switch_mlp"), c.hidden_size, c.moe_intermediate_size, experts, q)?,
-        shared_experts: c
-            .n_shared_experts
-            .map(|n| GluMlp::load(&vb.pp("shared_experts"), c.hidden_size, c.moe_intermediate_size * n, q))
-            .transpose()?,
-        reduce: None,
-    })
+    let gate = Gate { weight: vb.get("gate.weight", &[experts, c.hidden_size])?, top_k, groups, routed_scaling_factor: c.routed_scaling_factor };
+    Ffn::moe(vb, gate, c.hidden_size, c.moe_intermediate_size, experts, c.n_shared_experts, q)
 }
 
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
@@ -284,95 +262,24 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         let a = l.pp("self_attn");
         let kv_b_out = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
         let mlp = if is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
-            Ffn::Moe(load_moe(&l.pp("mlp"), &c, q)?)
+            load_moe(&l.pp("mlp"), &c, q)?
         } else {
             Ffn::Dense(GluMlp::load(&l.pp("mlp"), c.hidden_size, c.intermediate_size, q)?)
         };
-        layers.push(Layer {
-            self_attn: Attention {
-                proj: MlaProjections::load(&a, &spec, q)?,
-                kv_b_proj: Linear::load(&a.pp("kv_b_proj"), c.kv_lora_rank, kv_b_out, false, q)?,
-                spec: spec.clone(),
-                scale,
-                rope: rope.clone(),
-            },
-            mlp,
-            input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), c.hidden_size, c.rms_norm_eps)?,
-            post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), c.hidden_size, c.rms_norm_eps)?,
-        });
+        let self_attn = Attention {
+            proj: MlaProjections::load(&a, &spec, q)?,
+            kv_b_proj: Linear::load(&a.pp("kv_b_proj"), c.kv_lora_rank, kv_b_out, false, q)?,
+            spec: spec.clone(),
+            scale,
+            rope: rope.clone(),
+        };
+        layers.push(Block::load(&l, self_attn, mlp, c.hidden_size, c.rms_norm_eps)?);
     }
-    Ok(Box::new(DeepseekV2 {
-        model_type: c.model_type.clone(),
-        vocab_size: c.vocab_size,
-        embed_tokens: Embedding::load(&vb.pp("embed_tokens"), c.vocab_size, c.hidden_size, q)?,
-        layers,
-        stage: None,
-        norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
-        lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
-    }))
+    let arch = DeepseekV2 { model_type: c.model_type.clone(), vocab_size: c.vocab_size };
+    Ok(Box::new(Stack::load(arch, layers, stack_dims(&c), weights, q)?))
 }
 
-impl Model for DeepseekV2 {
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
-
-    fn parameters(&self) -> Vec<&Array> {
-        let mut v = self.embed_tokens.arrays();
-        for l in &self.layers {
-            v.extend(l.self_attn.proj.arrays());
-            v.extend(l.self_attn.kv_b_proj.arrays());
-            v.extend(l.mlp.arrays());
-            v.extend(l.input_layernorm.arrays());
-            v.extend(l.post_attention_layernorm.arrays());
-        }
-        v.extend(self.norm.arrays());
-        v.extend(self.lm_head.arrays());
-        v
-    }
-
-    fn shard(&mut self, group: &Group) -> Result<()> {
-        for layer in &mut self.layers {
-            layer.self_attn = layer.self_attn.shard(group)?;
-            layer.mlp = layer.mlp.shard(group)?;
-        }
-        Ok(())
-    }
-
-    fn pipeline(&mut self, stage: Stage) -> Result<()> {
-        stage.check_loaded(self.layers.len())?;
-        self.stage = Some(stage);
-        Ok(())
-    }
-
-    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
-        default_caches(self.layers.len(), None)
-    }
-
-    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
-        default_caches(self.layers.len(), max_kv_size)
-    }
-
-    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        check_caches(cache, self.layers.len())?;
-        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
-        let mask: CacheMask = cache[0].make_mask(tokens.dim(1), None)?;
-        if let Some(s) = &self.stage {
-            h = s.receive(&h)?;
-        }
-        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.as_mask(), c.as_mut())?;
-            let h1 = h.add(&r)?;
-            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
-            h = h1.add(&r)?;
-        }
-        if let Some(s) = &self.stage {
-            h = s.pass_on(&h)?;
-        }
-        self.lm_head.forward(&self.norm.forward(&h)?) // (B, L, vocab)
-    }
+/// The skeleton's sizes: both DeepSeek files have a separate head.
+pub(super) fn stack_dims(c: &Config) -> StackDims {
+    StackDims { vocab_size: c.vocab_size, hidden: c.hidden_size, rms_norm_eps: c.rms_norm_eps, tie_word_embeddings: false }
 }

@@ -4,17 +4,16 @@
 //! (as keys, one shared head) and the RoPE key (as values), as mlx-lm's does; `kv_b_proj` is split
 //! at load into per-head `embed_q` / `unembed_out` matrices. Sigmoid routing with
 //! `e_score_correction_bias`, group-limited top-k, normalised weights and shared experts.
-use super::deepseek_v2::{is_moe, mla_spec, parse, Config as V2Config};
-use super::{check_caches, default_caches};
+use super::deepseek_v2::{is_moe, mla_spec, parse, stack_dims, Config as V2Config};
+use super::stack::{Arch, Block, Part, Stack};
 use super::Model;
 use crate::cache::{create_causal_mask, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
 use crate::nn::mla::{finfo_min, MlaProjections, MlaSpec, MultiLinear};
-use crate::nn::moe::{stack_experts, GluMlp, SwitchGlu};
-use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
-use crate::pipeline::Stage;
-use mlx::distributed::Group;
+use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
+use crate::nn::{QuantConfig, Rope, RopeScaling};
 use crate::weights::{Vb, Weights};
+use mlx::distributed::Group;
 use mlx::fast::Mask;
 use mlx::ops::{self, QuantSpec};
 use mlx::{Array, Dtype};
@@ -133,76 +132,61 @@ impl Gate {
     }
 }
 
-#[derive(Clone)]
-enum Ffn {
-    Dense(GluMlp),
-    /// `reduce`: tensor parallel, the experts' outputs summed over the group once.
-    Moe { gate: Gate, switch_mlp: SwitchGlu, shared_experts: Option<GluMlp>, reduce: Option<Group> },
-}
-
-impl Ffn {
-    fn arrays(&self) -> Vec<&Array> {
-        match self {
-            Ffn::Dense(m) => m.arrays(),
-            Ffn::Moe { gate, switch_mlp, shared_experts, .. } => {
-                let mut v = vec![&gate.weight, &gate.e_score_correction_bias];
-                v.extend(switch_mlp.arrays());
-                v.extend(shared_experts.iter().flat_map(|s| s.arrays()));
-                v
-            }
-        }
+impl Router for Gate {
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        self.forward(x)
     }
 
-    /// As deepseek_v2's: experts and shared experts keep this rank's hidden units, summed once.
-    fn shard(&self, group: &Group) -> Result<Ffn> {
-        Ok(match self {
-            Ffn::Dense(m) => Ffn::Dense(m.shard(group, true)?),
-            Ffn::Moe { gate, switch_mlp, shared_experts, .. } => Ffn::Moe {
-                gate: gate.clone(),
-                switch_mlp: switch_mlp.shard(group)?,
-                shared_experts: shared_experts.as_ref().map(|s| s.shard(group, false)).transpose()?,
-                reduce: Some(group.clone()),
-            },
+    fn arrays(&self) -> Vec<&Array> {
+        vec![&self.weight, &self.e_score_correction_bias]
+    }
+}
+
+impl Part for Attention {
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.proj.arrays();
+        v.extend(self.embed_q.arrays());
+        v.extend(self.unembed_out.arrays());
+        v
+    }
+
+    fn shard(&self, group: &Group) -> Result<Attention> {
+        Attention::shard(self, group)
+    }
+}
+
+/// deepseek_v3's part of the model (see [`super::stack::Arch`]): the boolean mask of the first
+/// cache (`create_attention_mask(h, cache[0], return_array=True)`).
+struct DeepseekV3 {
+    model_type: String,
+    vocab_size: i32,
+}
+
+impl Arch for DeepseekV3 {
+    type Attn = Attention;
+    type Ffn = Ffn<Gate>;
+    type Masks = Option<Array>;
+
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.vocab_size
+    }
+
+    /// "causal" comes back as its array.
+    fn masks(&self, n: i32, _first_layer: usize, cache: &[Box<dyn KvCache>]) -> Result<Option<Array>> {
+        Ok(match cache[0].make_mask(n, None)? {
+            CacheMask::None => None,
+            CacheMask::Causal => Some(create_causal_mask(n, cache[0].offset(), None)?),
+            CacheMask::Array(a) => Some(a),
         })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
-            Ffn::Dense(m) => m.forward(x),
-            Ffn::Moe { gate, switch_mlp, shared_experts, reduce } => {
-                let (inds, scores) = gate.forward(x)?;
-                let y = switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
-                let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?.astype(y.dtype())?;
-                let y = match shared_experts {
-                    Some(s) => y.add(&s.forward(x)?)?,
-                    None => y,
-                };
-                match reduce {
-                    Some(g) => Ok(g.all_sum(&y)?),
-                    None => Ok(y),
-                }
-            }
-        }
+    fn attend(&self, attn: &Attention, x: &Array, _layer: usize, mask: &Option<Array>, cache: &mut dyn KvCache) -> Result<Array> {
+        attn.forward(x, mask.as_ref(), cache)
     }
-}
-
-#[derive(Clone)]
-struct Layer {
-    self_attn: Attention,
-    mlp: Ffn,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-}
-
-pub struct DeepseekV3 {
-    model_type: String,
-    vocab_size: i32,
-    embed_tokens: Embedding,
-    /// The layers this process runs: all of them, or a pipeline stage's.
-    layers: Vec<Layer>,
-    stage: Option<Stage>,
-    norm: RmsNorm,
-    lm_head: Linear,
 }
 
 /// sanitize's `kv_b_proj` split: per head, the no-RoPE key rows transposed into `embed_q` and the
@@ -238,7 +222,7 @@ fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &Routing, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Layer> {
+fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &Routing, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Block<Attention, Ffn<Gate>>> {
     let a = l.pp("self_attn");
     let (d, h) = (c.hidden_size, c.num_attention_heads);
     let mlp = if is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
@@ -247,38 +231,27 @@ fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &Routing, spec: &MlaSpec, rop
         if r.n_group > 1 && (experts % r.n_group != 0) {
             return Err(EngineError::Config(format!("n_group {} does not divide {experts} experts", r.n_group)));
         }
-        Ffn::Moe {
-            gate: Gate {
-                weight: m.get("gate.weight", &[experts, d])?,
-                e_score_correction_bias: m.get("gate.e_score_correction_bias", &[experts])?,
-                top_k: r.num_experts_per_tok,
-                n_group: r.n_group,
-                topk_group: r.topk_group,
-                routed_scaling_factor: c.routed_scaling_factor,
-                norm_topk_prob: r.norm_topk_prob,
-            },
-            switch_mlp: SwitchGlu::load(&m.pp("switch_mlp"), d, c.moe_intermediate_size, experts, q)?,
-            shared_experts: c
-                .n_shared_experts
-                .map(|n| GluMlp::load(&m.pp("shared_experts"), d, c.moe_intermediate_size * n, q))
-                .transpose()?,
-            reduce: None,
-        }
+        let gate = Gate {
+            weight: m.get("gate.weight", &[experts, d])?,
+            e_score_correction_bias: m.get("gate.e_score_correction_bias", &[experts])?,
+            top_k: r.num_experts_per_tok,
+            n_group: r.n_group,
+            topk_group: r.topk_group,
+            routed_scaling_factor: c.routed_scaling_factor,
+            norm_topk_prob: r.norm_topk_prob,
+        };
+        Ffn::moe(&m, gate, d, c.moe_intermediate_size, experts, c.n_shared_experts, q)?
     } else {
         Ffn::Dense(GluMlp::load(&l.pp("mlp"), d, c.intermediate_size, q)?)
     };
-    Ok(Layer {
-        self_attn: Attention {
-            proj: MlaProjections::load(&a, spec, q)?,
-            embed_q: MultiLinear::load(&a.pp("embed_q"), c.qk_nope_head_dim, c.kv_lora_rank, h, q)?,
-            unembed_out: MultiLinear::load(&a.pp("unembed_out"), c.kv_lora_rank, c.v_head_dim, h, q)?,
-            scale,
-            rope: rope.clone(),
-        },
-        mlp,
-        input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), d, c.rms_norm_eps)?,
-        post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), d, c.rms_norm_eps)?,
-    })
+    let self_attn = Attention {
+        proj: MlaProjections::load(&a, spec, q)?,
+        embed_q: MultiLinear::load(&a.pp("embed_q"), c.qk_nope_head_dim, c.kv_lora_rank, h, q)?,
+        unembed_out: MultiLinear::load(&a.pp("unembed_out"), c.kv_lora_rank, c.v_head_dim, h, q)?,
+        scale,
+        rope: rope.clone(),
+    };
+    Block::load(l, self_attn, mlp, d, c.rms_norm_eps)
 }
 
 /// `initialize_rope(dims, base, traditional=True, scaling_config)` for the kinds DeepSeek uses.
@@ -312,85 +285,6 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         .filter(|&i| weights.loads_layer(i))
         .map(|i| load_layer(&vb.pp("layers").pp(i), i, &c, &r, &spec, &rope, scale, q))
         .collect::<Result<Vec<_>>>()?;
-    Ok(Box::new(DeepseekV3 {
-        model_type: c.model_type.clone(),
-        vocab_size: c.vocab_size,
-        embed_tokens: Embedding::load(&vb.pp("embed_tokens"), c.vocab_size, c.hidden_size, q)?,
-        layers,
-        stage: None,
-        norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
-        lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
-    }))
-}
-
-impl Model for DeepseekV3 {
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> i32 {
-        self.vocab_size
-    }
-
-    fn parameters(&self) -> Vec<&Array> {
-        let mut v = self.embed_tokens.arrays();
-        for l in &self.layers {
-            v.extend(l.self_attn.proj.arrays());
-            v.extend(l.self_attn.embed_q.arrays());
-            v.extend(l.self_attn.unembed_out.arrays());
-            v.extend(l.mlp.arrays());
-            v.extend(l.input_layernorm.arrays());
-            v.extend(l.post_attention_layernorm.arrays());
-        }
-        v.extend(self.norm.arrays());
-        v.extend(self.lm_head.arrays());
-        v
-    }
-
-    fn shard(&mut self, group: &Group) -> Result<()> {
-        for layer in &mut self.layers {
-            layer.self_attn = layer.self_attn.shard(group)?;
-            layer.mlp = layer.mlp.shard(group)?;
-        }
-        Ok(())
-    }
-
-    fn pipeline(&mut self, stage: Stage) -> Result<()> {
-        stage.check_loaded(self.layers.len())?;
-        self.stage = Some(stage);
-        Ok(())
-    }
-
-    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
-        default_caches(self.layers.len(), None)
-    }
-
-    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
-        default_caches(self.layers.len(), max_kv_size)
-    }
-
-    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        check_caches(cache, self.layers.len())?;
-        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
-        let n = tokens.dim(1);
-        // create_attention_mask(h, cache[0], return_array=True): "causal" comes back as its array.
-        let mask = match cache[0].make_mask(n, None)? {
-            CacheMask::None => None,
-            CacheMask::Causal => Some(create_causal_mask(n, cache[0].offset(), None)?),
-            CacheMask::Array(a) => Some(a),
-        };
-        if let Some(s) = &self.stage {
-            h = s.receive(&h)?;
-        }
-        for (layer, c) in self.layers.iter().zip(cache.iter_mut()) {
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask.as_ref(), c.as_mut())?;
-            let h1 = h.add(&r)?;
-            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
-            h = h1.add(&r)?;
-        }
-        if let Some(s) = &self.stage {
-            h = s.pass_on(&h)?;
-        }
-        self.lm_head.forward(&self.norm.forward(&h)?) // (B, L, vocab)
-    }
+    let arch = DeepseekV3 { model_type: c.model_type.clone(), vocab_size: c.vocab_size };
+    Ok(Box::new(Stack::load(arch, layers, stack_dims(&c), weights, q)?))
 }

@@ -1,6 +1,6 @@
 //! `llama` (Llama 2, 3, 3.1, 3.2 and SmolLM) and `mistral`, as mlx-lm's `models/llama.py`:
 //! optional attention/MLP biases, explicit `head_dim`, rope scaling `linear` or `llama3`.
-use super::transformer::{CacheLayout, Decoder, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -86,5 +86,5 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     };
     // sanitize: precomputed rotary frequencies are unused; a tied model ignores lm_head.
     weights.drop_where(|n| n.contains("self_attn.rotary_emb.inv_freq") || (spec.tie_word_embeddings && n == "lm_head.weight"));
-    Ok(Box::new(Decoder::load(spec, rope, weights, q)?))
+    Ok(Box::new(transformer::load(spec, rope, weights, q)?))
 }

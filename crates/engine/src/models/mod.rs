@@ -5,6 +5,7 @@ mod hf_quant;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+mod stack;
 mod transformer;
 
 pub use transformer::CacheLayout;

@@ -1,6 +1,6 @@
 //! `qwen2` (Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen), as mlx-lm's `models/qwen2.py`:
 //! the Llama block with biases on the q/k/v projections.
-use super::transformer::{CacheLayout, Decoder, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -59,5 +59,5 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         },
     };
     weights.drop_where(|n| n.contains("self_attn.rotary_emb.inv_freq") || (spec.tie_word_embeddings && n == "lm_head.weight"));
-    Ok(Box::new(Decoder::load(spec, rope, weights, q)?))
+    Ok(Box::new(transformer::load(spec, rope, weights, q)?))
 }

@@ -1,6 +1,6 @@
 //! `qwen3` (dense Qwen3), as mlx-lm's `models/qwen3.py`: no projection biases, RMS norms over each
 //! head's queries and keys before RoPE, explicit `head_dim`.
-use super::transformer::{CacheLayout, Decoder, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -63,5 +63,5 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     if spec.tie_word_embeddings {
         weights.drop_where(|n| n == "lm_head.weight");
     }
-    Ok(Box::new(Decoder::load(spec, rope, weights, q)?))
+    Ok(Box::new(transformer::load(spec, rope, weights, q)?))
 }

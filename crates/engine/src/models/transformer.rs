@@ -1,11 +1,11 @@
 //! The dense decoder-only transformer that Llama, Mistral, Qwen2 and Qwen3 share: embedding,
 //! pre-norm blocks (attention + SwiGLU MLP, residuals), final norm and a tied or separate head.
-//! Each architecture file only reads its config into a [`DecoderSpec`].
-use super::Model;
+//! Each architecture file only reads its config into a [`DecoderSpec`]; the skeleton is
+//! [`super::stack`]'s.
+use super::stack::{Arch, Block, FeedForward, Part, Stack, StackDims};
 use crate::cache::{CacheMask, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
-use crate::nn::{Attention, AttentionSpec, Embedding, Linear, QuantConfig, RmsNorm, Rope};
-use crate::pipeline::Stage;
+use crate::nn::{Attention, AttentionSpec, Linear, QuantConfig, Rope};
 use crate::shard::ShardMode;
 use crate::weights::Weights;
 use mlx::distributed::Group;
@@ -49,7 +49,7 @@ enum GateUp {
 }
 
 #[derive(Clone)]
-struct Mlp {
+pub(crate) struct Mlp {
     gate_up: GateUp,
     down_proj: Linear,
 }
@@ -105,98 +105,75 @@ impl Mlp {
     }
 }
 
-#[derive(Clone)]
-struct Block {
-    self_attn: Attention,
-    mlp: Mlp,
-    input_layernorm: RmsNorm,
-    post_attention_layernorm: RmsNorm,
-}
-
-pub struct Decoder {
+/// The dense architecture's part of the model (see [`super::stack::Arch`]).
+pub(crate) struct Dense {
     spec: DecoderSpec,
-    embed_tokens: Embedding,
-    /// The layers this process runs: all of them, or a pipeline stage's.
-    layers: Vec<Block>,
-    /// The model index of `layers[0]` (0 unless this is a later pipeline stage).
-    first_layer: usize,
-    stage: Option<Stage>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
 }
 
-impl Decoder {
-    /// Loads the weights named as in Hugging Face / mlx-lm checkpoints (`model.layers.N...`).
-    pub fn load(spec: DecoderSpec, rope: Rope, weights: &Weights, q: &QuantConfig) -> Result<Decoder> {
-        let a = &spec.attention;
-        if a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.head_dim <= 0 {
-            return Err(EngineError::Config(format!(
-                "{} attention heads, {} key/value heads and head_dim {} do not fit together",
-                a.n_heads, a.n_kv_heads, a.head_dim
-            )));
-        }
-        let vb = weights.view("model");
-        let (d, ff) = (a.hidden, spec.intermediate_size);
-        let mut layers = Vec::with_capacity(spec.num_layers as usize);
-        for i in (0..spec.num_layers).filter(|&i| weights.loads_layer(i)) {
-            let l = vb.pp("layers").pp(i);
-            layers.push(Block {
-                self_attn: Attention::load(&l.pp("self_attn"), a, rope.clone(), q)?,
-                mlp: Mlp::load(&l.pp("mlp"), d, ff, spec.mlp_bias, q)?,
-                input_layernorm: RmsNorm::load(&l.pp("input_layernorm"), d, spec.rms_norm_eps)?,
-                post_attention_layernorm: RmsNorm::load(&l.pp("post_attention_layernorm"), d, spec.rms_norm_eps)?,
-            });
-        }
-        let embed_tokens = Embedding::load(&vb.pp("embed_tokens"), spec.vocab_size, d, q)?;
-        let norm = RmsNorm::load(&vb.pp("norm"), d, spec.rms_norm_eps)?;
-        let lm_head = if spec.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(&weights.view("lm_head"), d, spec.vocab_size, false, q)?)
-        };
-        let first_layer = weights.first_layer() as usize;
-        Ok(Decoder { spec, embed_tokens, layers, first_layer, stage: None, norm, lm_head })
+impl Part for Attention {
+    fn arrays(&self) -> Vec<&Array> {
+        Attention::arrays(self)
+    }
+
+    fn shard(&self, group: &Group) -> Result<Attention> {
+        Attention::shard(self, group)
     }
 }
 
-impl Model for Decoder {
+impl Part for Mlp {
+    fn arrays(&self) -> Vec<&Array> {
+        Mlp::arrays(self)
+    }
+
+    fn shard(&self, group: &Group) -> Result<Mlp> {
+        Mlp::shard(self, group)
+    }
+}
+
+impl FeedForward for Mlp {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        Mlp::forward(self, x)
+    }
+}
+
+/// Loads the weights named as in Hugging Face / mlx-lm checkpoints (`model.layers.N...`).
+pub(crate) fn load(spec: DecoderSpec, rope: Rope, weights: &Weights, q: &QuantConfig) -> Result<Stack<Dense>> {
+    let a = &spec.attention;
+    if a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.head_dim <= 0 {
+        return Err(EngineError::Config(format!(
+            "{} attention heads, {} key/value heads and head_dim {} do not fit together",
+            a.n_heads, a.n_kv_heads, a.head_dim
+        )));
+    }
+    let vb = weights.view("model");
+    let (d, ff) = (a.hidden, spec.intermediate_size);
+    let mut layers = Vec::with_capacity(spec.num_layers.max(0) as usize);
+    for i in (0..spec.num_layers).filter(|&i| weights.loads_layer(i)) {
+        let l = vb.pp("layers").pp(i);
+        let self_attn = Attention::load(&l.pp("self_attn"), a, rope.clone(), q)?;
+        let mlp = Mlp::load(&l.pp("mlp"), d, ff, spec.mlp_bias, q)?;
+        layers.push(Block::load(&l, self_attn, mlp, d, spec.rms_norm_eps)?);
+    }
+    let dims = StackDims { vocab_size: spec.vocab_size, hidden: d, rms_norm_eps: spec.rms_norm_eps, tie_word_embeddings: spec.tie_word_embeddings };
+    Stack::load(Dense { spec }, layers, dims, weights, q)
+}
+
+impl Arch for Dense {
+    type Attn = Attention;
+    type Ffn = Mlp;
+    /// The full-attention mask and the sliding-window one.
+    type Masks = (CacheMask, CacheMask);
+
     fn model_type(&self) -> &str {
         &self.spec.model_type
-    }
-
-    fn shard(&mut self, group: &Group) -> Result<()> {
-        for layer in &mut self.layers {
-            layer.self_attn = layer.self_attn.shard(group)?;
-            layer.mlp = layer.mlp.shard(group)?;
-        }
-        Ok(())
-    }
-
-    fn pipeline(&mut self, stage: Stage) -> Result<()> {
-        stage.check_loaded(self.layers.len())?;
-        self.stage = Some(stage);
-        Ok(())
     }
 
     fn vocab_size(&self) -> i32 {
         self.spec.vocab_size
     }
 
-    fn parameters(&self) -> Vec<&Array> {
-        let mut v = self.embed_tokens.arrays();
-        for l in &self.layers {
-            v.extend(l.self_attn.arrays());
-            v.extend(l.mlp.arrays());
-            v.extend(l.input_layernorm.arrays());
-            v.extend(l.post_attention_layernorm.arrays());
-        }
-        v.extend(self.norm.arrays());
-        v.extend(self.lm_head.iter().flat_map(|h| h.arrays()));
-        v
-    }
-
-    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
-        (self.first_layer..self.first_layer + self.layers.len())
+    fn make_cache(&self, first_layer: usize, n: usize) -> Vec<Box<dyn KvCache>> {
+        (first_layer..first_layer + n)
             .map(|i| match &self.spec.cache_layout {
                 CacheLayout::PerLayer { sliding_window: Some(w), .. } if self.spec.cache_layout.is_sliding(i) => {
                     Box::new(RotatingCache::new(*w, 0)) as Box<dyn KvCache>
@@ -206,22 +183,18 @@ impl Model for Decoder {
             .collect()
     }
 
-    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+    fn make_prompt_cache(&self, first_layer: usize, n: usize, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
         match (&self.spec.cache_layout, max_kv_size) {
-            (CacheLayout::Default, Some(_)) => super::default_caches(self.layers.len(), max_kv_size),
-            _ => self.make_cache(),
+            (CacheLayout::Default, Some(_)) => super::default_caches(n, max_kv_size),
+            _ => self.make_cache(first_layer, n),
         }
     }
 
-    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        super::check_caches(cache, self.layers.len())?;
-        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
-        // As mlx-lm: the mask comes from the first full-attention layer's cache, and the sliding
-        // one from the first sliding layer's cache with the window.
-        let n = tokens.dim(1);
+    /// As mlx-lm: the mask comes from the first full-attention layer's cache, and the sliding one
+    /// from the first sliding layer's cache with the window.
+    fn masks(&self, n: i32, first_layer: usize, cache: &[Box<dyn KvCache>]) -> Result<Self::Masks> {
         let layout = &self.spec.cache_layout;
-        // Model layer index of local layer i (a pipeline stage runs a later range).
-        let sliding = |i: usize| layout.is_sliding(self.first_layer + i);
+        let sliding = |i: usize| layout.is_sliding(first_layer + i);
         let fa = (0..cache.len()).find(|&i| !sliding(i)).unwrap_or(0);
         let fa_mask = cache[fa].make_mask(n, None)?;
         let swa_mask = match layout {
@@ -231,24 +204,11 @@ impl Model for Decoder {
             },
             CacheLayout::Default => CacheMask::None,
         };
-        // A pipeline stage starts from the previous stage's output (mlx-lm's qwen2.py order).
-        if let Some(s) = &self.stage {
-            h = s.receive(&h)?;
-        }
-        for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
-            let mask = if sliding(i) { swa_mask.as_mask() } else { fa_mask.as_mask() };
-            let r = layer.self_attn.forward(&layer.input_layernorm.forward(&h)?, mask, c.as_mut())?;
-            let h1 = h.add(&r)?;
-            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
-            h = h1.add(&r)?;
-        }
-        if let Some(s) = &self.stage {
-            h = s.pass_on(&h)?;
-        }
-        let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
-        } // (B, L, vocab)
+        Ok((fa_mask, swa_mask))
+    }
+
+    fn attend(&self, attn: &Attention, x: &Array, layer: usize, masks: &Self::Masks, cache: &mut dyn KvCache) -> Result<Array> {
+        let mask = if self.spec.cache_layout.is_sliding(layer) { masks.1.as_mask() } else { masks.0.as_mask() };
+        attn.forward(x, mask, cache)
     }
 }

@@ -202,3 +202,79 @@ impl GluMlp {
         self.down_proj.forward(&mlx::fast::swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?)
     }
 }
+
+/// A mixture-of-experts router: x (B, L, hidden) -> expert indices and their weights, each (B, L, k).
+pub trait Router: Clone + Send {
+    fn route(&self, x: &Array) -> Result<(Array, Array)>;
+    fn arrays(&self) -> Vec<&Array>;
+}
+
+/// DeepSeek's feed-forward part: a dense SwiGLU MLP, or routed experts (`SwitchGLU`) with optional
+/// shared experts, as deepseek_v2.py's and deepseek_v3.py's `MoE`.
+#[derive(Clone)]
+pub enum Ffn<R> {
+    Dense(GluMlp),
+    /// `reduce`: tensor parallel, the experts' outputs summed over the group once.
+    Moe { gate: R, switch_mlp: SwitchGlu, shared_experts: Option<GluMlp>, reduce: Option<Group> },
+}
+
+impl<R: Router> Ffn<R> {
+    /// `vb.switch_mlp` with `experts` experts of `hidden` units, and `vb.shared_experts` of
+    /// `n_shared * hidden` units where the model has shared experts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe(vb: &Vb<'_>, gate: R, dims: i32, hidden: i32, experts: i32, n_shared: Option<i32>, q: &QuantConfig) -> Result<Ffn<R>> {
+        Ok(Ffn::Moe {
+            gate,
+            switch_mlp: SwitchGlu::load(&vb.pp("switch_mlp"), dims, hidden, experts, q)?,
+            shared_experts: n_shared.map(|n| GluMlp::load(&vb.pp("shared_experts"), dims, hidden * n, q)).transpose()?,
+            reduce: None,
+        })
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Ffn::Dense(m) => m.arrays(),
+            Ffn::Moe { gate, switch_mlp, shared_experts, .. } => {
+                let mut v = gate.arrays();
+                v.extend(switch_mlp.arrays());
+                v.extend(shared_experts.iter().flat_map(|s| s.arrays()));
+                v
+            }
+        }
+    }
+
+    /// The routed and shared experts keep this rank's block of hidden units and their sum is
+    /// summed over the group once (mlx-lm's `sharding_group`); the router stays whole.
+    pub fn shard(&self, group: &Group) -> Result<Ffn<R>> {
+        Ok(match self {
+            Ffn::Dense(m) => Ffn::Dense(m.shard(group, true)?),
+            Ffn::Moe { gate, switch_mlp, shared_experts, .. } => Ffn::Moe {
+                gate: gate.clone(),
+                switch_mlp: switch_mlp.shard(group)?,
+                shared_experts: shared_experts.as_ref().map(|s| s.shard(group, false)).transpose()?,
+                reduce: Some(group.clone()),
+            },
+        })
+    }
+
+    /// x (B, L, hidden) -> (B, L, hidden).
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            Ffn::Dense(m) => m.forward(x),
+            Ffn::Moe { gate, switch_mlp, shared_experts, reduce } => {
+                let (inds, scores) = gate.route(x)?;
+                let y = switch_mlp.forward(x, &inds)?; // (B, L, k, hidden)
+                // deepseek_v3's float32 scores cast back (a no-op for deepseek_v2's).
+                let y = y.mul(&scores.expand_dims(&[-1])?)?.sum(&[-2], false)?.astype(y.dtype())?;
+                let y = match shared_experts {
+                    Some(s) => y.add(&s.forward(x)?)?,
+                    None => y,
+                };
+                match reduce {
+                    Some(g) => Ok(g.all_sum(&y)?),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
+}

@@ -71,9 +71,15 @@ fn str_repr(s: &str) -> String {
     } else {
         '\''
     };
-    let mut out = String::with_capacity(s.len() + 2);
+    quoted(s, quote, |c| ((c as u32) < 0x20 || (0x7f..0xa0).contains(&(c as u32))).then(|| format!("\\x{:02x}", c as u32)))
+}
+
+/// `value` between two `quote`s with backslash escapes for `\\`, newline, carriage return, tab and
+/// the quote, and `control(c)` in place of any other character it names.
+pub(super) fn quoted(value: &str, quote: char, control: impl Fn(char) -> Option<String>) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
     out.push(quote);
-    for c in s.chars() {
+    for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
             '\n' => out.push_str("\\n"),
@@ -83,10 +89,10 @@ fn str_repr(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || (0x7f..0xa0).contains(&(c as u32)) => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c => out.push(c),
+            c => match control(c) {
+                Some(e) => out.push_str(&e),
+                None => out.push(c),
+            },
         }
     }
     out.push(quote);

@@ -181,26 +181,7 @@ fn python_unescape(body: &str) -> String {
 
 /// A minijinja string literal for `value`.
 fn reescape(value: &str, quote: char) -> String {
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push(quote);
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\u{:04x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-    out
+    super::pyfmt::quoted(value, quote, |c| ((c as u32) < 0x20 || c as u32 == 0x7f).then(|| format!("\\u{:04x}", c as u32)))
 }
 
 /// Replaces transformers' `{% generation %}`/`{% endgeneration %}` (which just render their body) by an

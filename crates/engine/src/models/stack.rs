@@ -1,0 +1,185 @@
+//! The decoder skeleton every architecture shares: token embedding, pre-norm residual blocks
+//! (attention, then the feed-forward part), the final norm and a tied or separate head, with the
+//! tensor- and pipeline-parallel hooks. An architecture file supplies what differs through
+//! [`Arch`]: its attention and feed-forward layers, its masks and its caches.
+use super::{check_caches, default_caches, Model};
+use crate::cache::KvCache;
+use crate::error::Result;
+use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm};
+use crate::pipeline::Stage;
+use crate::weights::{Vb, Weights};
+use mlx::distributed::Group;
+use mlx::Array;
+
+/// A layer's attention or feed-forward part, as tensor parallel and memory accounting see it.
+pub(crate) trait Part: Clone + Send {
+    /// Every weight array.
+    fn arrays(&self) -> Vec<&Array>;
+    /// This rank's share for tensor parallel over `group` (mlx-lm's `shard`).
+    fn shard(&self, group: &Group) -> Result<Self>;
+}
+
+/// The feed-forward part of a block: x (B, L, hidden) -> (B, L, hidden).
+pub(crate) trait FeedForward: Part {
+    fn forward(&self, x: &Array) -> Result<Array>;
+}
+
+/// What one architecture adds to the skeleton.
+pub(crate) trait Arch: Send + 'static {
+    type Attn: Part;
+    type Ffn: FeedForward;
+    /// What a forward pass computes once for all its layers (the attention masks).
+    type Masks;
+    fn model_type(&self) -> &str;
+    fn vocab_size(&self) -> i32;
+    /// The masks for `n` new positions; `first_layer` is the model index of `cache[0]`.
+    fn masks(&self, n: i32, first_layer: usize, cache: &[Box<dyn KvCache>]) -> Result<Self::Masks>;
+    /// Attention of model layer `layer` over its normed input x (B, L, hidden) -> (B, L, hidden).
+    fn attend(&self, attn: &Self::Attn, x: &Array, layer: usize, masks: &Self::Masks, cache: &mut dyn KvCache) -> Result<Array>;
+    /// One fresh cache for each of the `n` layers from model layer `first_layer` on.
+    fn make_cache(&self, first_layer: usize, n: usize) -> Vec<Box<dyn KvCache>> {
+        let _ = first_layer;
+        default_caches(n, None)
+    }
+    /// mlx-lm's `make_prompt_cache` (see [`Model::make_prompt_cache`]).
+    fn make_prompt_cache(&self, first_layer: usize, n: usize, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        let _ = first_layer;
+        default_caches(n, max_kv_size)
+    }
+}
+
+/// One pre-norm residual block: `h + attn(norm(h))`, then `+ mlp(norm(.))`.
+#[derive(Clone)]
+pub(crate) struct Block<A, F> {
+    self_attn: A,
+    mlp: F,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl<A: Part, F: FeedForward> Block<A, F> {
+    /// The two parts with the block's norms read from `layer` (`model.layers.N`).
+    pub fn load(layer: &Vb<'_>, self_attn: A, mlp: F, hidden: i32, eps: f64) -> Result<Block<A, F>> {
+        Ok(Block {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::load(&layer.pp("input_layernorm"), hidden, eps)?,
+            post_attention_layernorm: RmsNorm::load(&layer.pp("post_attention_layernorm"), hidden, eps)?,
+        })
+    }
+
+    fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.self_attn.arrays();
+        v.extend(self.mlp.arrays());
+        v.extend(self.input_layernorm.arrays());
+        v.extend(self.post_attention_layernorm.arrays());
+        v
+    }
+}
+
+/// The whole model: `arch` around the shared skeleton.
+pub(crate) struct Stack<T: Arch> {
+    arch: T,
+    embed_tokens: Embedding,
+    /// The layers this process runs: all of them, or a pipeline stage's.
+    layers: Vec<Block<T::Attn, T::Ffn>>,
+    /// The model index of `layers[0]` (0 unless this is a later pipeline stage).
+    first_layer: usize,
+    stage: Option<Stage>,
+    norm: RmsNorm,
+    /// `None`: the head is the embedding (tied).
+    lm_head: Option<Linear>,
+}
+
+/// The sizes the skeleton's own tensors need.
+pub(crate) struct StackDims {
+    pub vocab_size: i32,
+    pub hidden: i32,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+}
+
+impl<T: Arch> Stack<T> {
+    /// `model.embed_tokens`, `model.norm` and `lm_head` (unless tied) around the loaded `layers`.
+    pub fn load(arch: T, layers: Vec<Block<T::Attn, T::Ffn>>, d: StackDims, weights: &Weights, q: &QuantConfig) -> Result<Stack<T>> {
+        let vb = weights.view("model");
+        let lm_head = match d.tie_word_embeddings {
+            true => None,
+            false => Some(Linear::load(&weights.view("lm_head"), d.hidden, d.vocab_size, false, q)?),
+        };
+        Ok(Stack {
+            arch,
+            embed_tokens: Embedding::load(&vb.pp("embed_tokens"), d.vocab_size, d.hidden, q)?,
+            layers,
+            first_layer: weights.first_layer() as usize,
+            stage: None,
+            norm: RmsNorm::load(&vb.pp("norm"), d.hidden, d.rms_norm_eps)?,
+            lm_head,
+        })
+    }
+}
+
+impl<T: Arch> Model for Stack<T> {
+    fn model_type(&self) -> &str {
+        self.arch.model_type()
+    }
+
+    fn vocab_size(&self) -> i32 {
+        self.arch.vocab_size()
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        let mut v = self.embed_tokens.arrays();
+        v.extend(self.layers.iter().flat_map(|l| l.arrays()));
+        v.extend(self.norm.arrays());
+        v.extend(self.lm_head.iter().flat_map(|h| h.arrays()));
+        v
+    }
+
+    fn make_cache(&self) -> Vec<Box<dyn KvCache>> {
+        self.arch.make_cache(self.first_layer, self.layers.len())
+    }
+
+    fn make_prompt_cache(&self, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        self.arch.make_prompt_cache(self.first_layer, self.layers.len(), max_kv_size)
+    }
+
+    fn shard(&mut self, group: &Group) -> Result<()> {
+        for layer in &mut self.layers {
+            layer.self_attn = layer.self_attn.shard(group)?;
+            layer.mlp = layer.mlp.shard(group)?;
+        }
+        Ok(())
+    }
+
+    fn pipeline(&mut self, stage: Stage) -> Result<()> {
+        stage.check_loaded(self.layers.len())?;
+        self.stage = Some(stage);
+        Ok(())
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        check_caches(cache, self.layers.len())?;
+        let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
+        let masks = self.arch.masks(tokens.dim(1), self.first_layer, cache)?;
+        // A pipeline stage starts from the previous stage's output (mlx-lm's order).
+        if let Some(s) = &self.stage {
+            h = s.receive(&h)?;
+        }
+        for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+            let x = layer.input_layernorm.forward(&h)?;
+            let r = self.arch.attend(&layer.self_attn, &x, self.first_layer + i, &masks, c.as_mut())?;
+            let h1 = h.add(&r)?;
+            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
+            h = h1.add(&r)?;
+        }
+        if let Some(s) = &self.stage {
+            h = s.pass_on(&h)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed_tokens.as_linear(&h),
+        } // (B, L, vocab)
+    }
+}
