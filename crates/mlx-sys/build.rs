@@ -5,6 +5,10 @@
 //! default `metal` on macOS and `cpu` elsewhere), downloaded once with this machine's pip into
 //! `$MLX_GEN_CACHE` (default `$XDG_CACHE_HOME/mlx-gen` or `~/.cache/mlx-gen`) and verified by sha256.
 //! Dependents receive `DEP_MLX_LINK_ARGS` (rpath flags) to pass on with `cargo:rustc-link-arg`.
+//!
+//! `MLX_GEN_BLAS=openblas` (or a path to a BLAS shared library) on Linux links that BLAS into the
+//! binary ahead of the reference BLAS the `mlx-cpu` wheel bundles: the dynamic linker then binds
+//! libmlx's `cblas_sgemm` (every float32 matrix product on the CPU) to it. Unset: MLX as shipped.
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,7 +24,7 @@ const WHEELS: &[(&str, &str, &str, Option<&str>)] = &[
 ];
 
 fn main() {
-    for var in ["MLX_DIR", "MLX_GEN_BACKEND", "MLX_GEN_CACHE", "XDG_CACHE_HOME", "HOME"] {
+    for var in ["MLX_DIR", "MLX_GEN_BACKEND", "MLX_GEN_BLAS", "MLX_GEN_CACHE", "XDG_CACHE_HOME", "HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=shim/shim.cpp");
@@ -69,10 +73,37 @@ fn main() {
         // The CUDA wheel's libraries (cuBLAS, NCCL, ...) need not be present where we link.
         args.push("-Wl,--allow-shlib-undefined".into());
     }
+    let blas = match env::var("MLX_GEN_BLAS").ok().filter(|v| !v.is_empty() && v != "reference") {
+        None => "reference (as the MLX wheel ships)".to_owned(),
+        Some(_) if macos => fail("MLX_GEN_BLAS is for Linux: the Metal wheel uses Accelerate"),
+        Some(v) => {
+            let path = find_blas(&v).unwrap_or_else(|| {
+                fail(&format!("MLX_GEN_BLAS={v}: no such library (install libopenblas0-pthread, or name the .so file)"))
+            });
+            // A direct dependency of the binary is searched before libmlx's own dependencies.
+            args.push("-Wl,--push-state,--no-as-needed".into());
+            args.push(path.display().to_string());
+            args.push("-Wl,--pop-state".into());
+            path.display().to_string()
+        }
+    };
+    println!("cargo:rustc-env=MLX_GEN_BUILD_BLAS={blas}");
     println!("cargo:link_args={}", args.join("\x1f"));
     println!("cargo:lib_dir={}", lib.display());
     println!("cargo:rustc-env=MLX_GEN_BUILD_BACKEND={backend}");
     println!("cargo:rustc-env=MLX_GEN_BUILD_LIB_DIR={}", lib.display());
+}
+
+/// `openblas`: the distribution's OpenBLAS; anything else: the path of a BLAS shared library.
+fn find_blas(name: &str) -> Option<PathBuf> {
+    if name != "openblas" {
+        return Some(PathBuf::from(name)).filter(|p| p.is_file());
+    }
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    [format!("/usr/lib/{arch}-linux-gnu"), "/usr/lib64".into(), "/usr/lib".into(), "/usr/local/lib".into()]
+        .iter()
+        .map(|dir| Path::new(dir).join("libopenblas.so.0"))
+        .find(|p| p.is_file())
 }
 
 fn fail(msg: &str) -> ! {

@@ -183,8 +183,12 @@ fn version_line(device: mlx::runtime::Device) -> String {
         }
         mlx::runtime::Device::Gpu => "gpu (not available)".to_owned(),
     };
+    let blas = match mlx::runtime::build_blas() {
+        b if b.starts_with("reference") || mlx::runtime::build_backend() != "cpu" => String::new(),
+        b => format!(", BLAS {b}"),
+    };
     format!(
-        "mlx-gen {} (MLX {}, {} backend, device {dev})",
+        "mlx-gen {} (MLX {}, {} backend{blas}, device {dev})",
         env!("CARGO_PKG_VERSION"),
         mlx::runtime::mlx_version(),
         mlx::runtime::build_backend()

@@ -15,6 +15,8 @@ use std::ptr::{self, NonNull};
 pub const BUILD_BACKEND: &str = env!("MLX_GEN_BUILD_BACKEND");
 /// The folder holding the `libmlx` this crate was linked with.
 pub const BUILD_LIB_DIR: &str = env!("MLX_GEN_BUILD_LIB_DIR");
+/// The BLAS linked ahead of the wheel's (`MLX_GEN_BLAS` at build time), or `reference ...`.
+pub const BUILD_BLAS: &str = env!("MLX_GEN_BUILD_BLAS");
 
 /// An MLX error message.
 pub type Result<T> = std::result::Result<T, String>;

@@ -16,6 +16,11 @@ pub fn build_lib_dir() -> &'static str {
     mlx_sys::BUILD_LIB_DIR
 }
 
+/// The BLAS behind MLX's float32 matrix products on the CPU (see mlx-sys's build script).
+pub fn build_blas() -> &'static str {
+    mlx_sys::BUILD_BLAS
+}
+
 /// Whether MLX has a GPU (Metal or CUDA) device here.
 pub fn gpu_available() -> bool {
     mlx_sys::gpu_available()
