@@ -129,6 +129,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mlx::runtime::set_env_default("MLX_MAX_OPS_PER_BUFFER", "80")?;
         }
     }
+    if device == mlx::runtime::Device::Cpu && matches!(cli.command, Some(Command::Chat(_) | Command::Serve(_))) {
+        settle_cpu_compiler()?;
+    }
     // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
     commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_) | Command::Serve(_))))?;
     let result = match cli.command {
@@ -193,6 +196,16 @@ fn version_line(device: mlx::runtime::Device) -> String {
         mlx::runtime::mlx_version(),
         mlx::runtime::build_backend()
     )
+}
+
+/// MLX's CPU backend runs `system("g++ --version")` before its first compiled kernel, and glibc's
+/// `system` ignores SIGINT while it runs and then puts back the handler it found. Done here, before
+/// `chat` or `serve` install their Ctrl-C handlers, no Ctrl-C during a first answer is lost and no
+/// handler installed meanwhile is undone. (One compiled kernel on one element: `silu(x) * x`.)
+fn settle_cpu_compiler() -> anyhow::Result<()> {
+    let x = mlx::Array::from_slice(&[1.0f32], &[1])?;
+    mlx::fast::swiglu(&x, &x)?.eval()?;
+    Ok(())
 }
 
 #[cfg(test)]
