@@ -58,6 +58,16 @@ impl Dtype {
         }
     }
 
+    /// `mx.finfo(dtype).min` for a floating type (float32's for the others).
+    pub fn finfo_min(self) -> f64 {
+        match self {
+            Dtype::F16 => -65504.0,
+            Dtype::BF16 => -3.389_531_389_251_535_5e38,
+            Dtype::F64 => f64::MIN,
+            _ => f64::from(f32::MIN),
+        }
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, Dtype::F16 | Dtype::F32 | Dtype::F64 | Dtype::BF16)
     }

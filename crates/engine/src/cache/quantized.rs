@@ -154,16 +154,6 @@ impl KvCache for QuantizedCache {
     }
 }
 
-/// `mx.finfo(dtype).min`.
-fn finfo_min(dt: Dtype) -> f64 {
-    match dt {
-        Dtype::F16 => -65504.0,
-        Dtype::BF16 => -3.389_531_389_251_535_5e38,
-        Dtype::F64 => f64::MIN,
-        _ => f64::from(f32::MIN),
-    }
-}
-
 /// models/base.py's `quantized_scaled_dot_product_attention`: queries (B, Hq, L, D) over quantized
 /// keys/values (B, Hkv, S, ·).
 pub fn quantized_sdpa(queries: &Array, keys: &QuantTriple, values: &QuantTriple, scale: f32, mask: Mask<'_>, spec: QuantSpec) -> Result<Array> {
@@ -202,7 +192,7 @@ pub fn quantized_sdpa(queries: &Array, keys: &QuantTriple, values: &QuantTriple,
             m
         };
         scores = if m.dtype() == Dtype::Bool {
-            let min = Array::scalar(finfo_min(scores.dtype()), scores.dtype())?;
+            let min = Array::scalar(scores.dtype().finfo_min(), scores.dtype())?;
             ops::where_(m, &scores, &min)?
         } else {
             scores.add(m)?

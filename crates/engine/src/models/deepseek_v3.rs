@@ -9,7 +9,7 @@ use super::stack::{Arch, Block, Part, Stack};
 use super::Model;
 use crate::cache::{create_causal_mask, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
-use crate::nn::mla::{finfo_min, MlaProjections, MlaSpec, MultiLinear};
+use crate::nn::mla::{MlaProjections, MlaSpec, MultiLinear};
 use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
 use crate::nn::{QuantConfig, Rope, RopeScaling};
 use crate::weights::{Vb, Weights};
@@ -77,7 +77,7 @@ impl Attention {
         let pe_scores = match mask {
             Some(m) => {
                 let dt = pe_scores.dtype();
-                ops::where_(m, &pe_scores, &Array::scalar(finfo_min(dt), dt)?)?
+                ops::where_(m, &pe_scores, &Array::scalar(dt.finfo_min(), dt)?)?
             }
             None => pe_scores,
         };

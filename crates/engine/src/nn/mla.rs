@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::shard::ShardMode;
 use crate::weights::Vb;
 use mlx::distributed::Group;
-use mlx::{ops, Array, Dtype};
+use mlx::{ops, Array};
 
 /// The attention shape, as DeepSeek configs give it.
 #[derive(Clone, Debug)]
@@ -198,15 +198,5 @@ impl MultiLinear {
                 ops::quantized_matmul(x, &q.weight, &q.scales, Some(&q.biases), t, q.spec)?
             }
         })
-    }
-}
-
-/// `mx.finfo(dtype).min`.
-pub fn finfo_min(dt: Dtype) -> f64 {
-    match dt {
-        Dtype::F16 => -65504.0,
-        Dtype::BF16 => -3.389_531_389_251_535_5e38,
-        Dtype::F64 => f64::MIN,
-        _ => f64::from(f32::MIN),
     }
 }

@@ -56,7 +56,7 @@ fn composed_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_
         v = v.expand_dims(&[2])?;
     }
     let mut scores = q.matmul(&k.swapaxes(-1, -2)?)?; // (B, Hkv, [rep,] L, S)
-    let min = Array::scalar(if scores.dtype() == Dtype::F16 { -65504.0 } else { -3.389_531_4e38 }, scores.dtype())?;
+    let min = Array::scalar(scores.dtype().finfo_min(), scores.dtype())?;
     let as_scores = |m: Array| -> Result<Array> {
         // A (B|1, Hq|1, L, S) mask against (B, Hkv, rep, L, S) scores.
         if rep > 1 && m.ndim() >= 3 {
