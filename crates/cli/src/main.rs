@@ -200,8 +200,9 @@ fn version_line(device: mlx::runtime::Device) -> String {
 
 /// MLX's CPU backend runs `system("g++ --version")` before its first compiled kernel, and glibc's
 /// `system` ignores SIGINT while it runs and then puts back the handler it found. Done here, before
-/// `chat` or `serve` install their Ctrl-C handlers, no Ctrl-C during a first answer is lost and no
-/// handler installed meanwhile is undone. (One compiled kernel on one element: `silu(x) * x`.)
+/// `chat` or `serve` install their Ctrl-C handlers (and before serve's engine thread starts its
+/// first forward pass beside them), no Ctrl-C during a first answer is lost and no handler
+/// installed meanwhile is undone. (One compiled kernel on one element: `silu(x) * x`.)
 fn settle_cpu_compiler() -> anyhow::Result<()> {
     let x = mlx::Array::from_slice(&[1.0f32], &[1])?;
     mlx::fast::swiglu(&x, &x)?.eval()?;

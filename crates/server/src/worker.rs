@@ -76,11 +76,6 @@ pub(crate) const BLOCK: usize = 16;
 
 /// Starts the engine thread; it runs until every sender of its channel is dropped. Once `stopping`
 /// is set, running jobs end at their next token (so that a shutdown never waits on a long stream).
-///
-/// Returns once the engine has made its first forward pass (the KV-size probe). That pass may be
-/// the process's first compiled MLX kernel, for which MLX's CPU backend runs `system("g++
-/// --version")`; glibc's `system` ignores SIGINT while it runs and then puts back the handler it
-/// found, so signal handlers must be installed after it, never during it.
 pub fn spawn(
     loaded: LoadedModel,
     jobs: Receiver<Job>,
@@ -89,16 +84,12 @@ pub fn spawn(
     options: BatchOptions,
     share: Option<Share>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let handle = std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
+    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
         let mut worker = Worker::new(&loaded, &metrics, options, share);
-        let _ = ready_tx.send(());
         worker.run(&jobs, &stopping);
         worker.calls.push(Call::Stop);
         worker.send_calls();
-    })?;
-    ready_rx.recv().map_err(|_| std::io::Error::other("the engine thread ended while starting"))?;
-    Ok(handle)
+    })
 }
 
 /// A job's shared part: its channel and settings. The job ends when its last choice drops it.
