@@ -142,9 +142,9 @@ struct Gate {
     routed_scaling_factor: f64,
 }
 
-impl Gate {
+impl Router for Gate {
     /// x (B, L, hidden) -> expert indices and weights, each (B, L, top_k).
-    fn forward(&self, x: &Array) -> Result<(Array, Array)> {
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let gates = x.matmul(&self.weight.t()?)?;
         let mut scores = gates.softmax(&[-1], true)?;
         if let Some((n_group, topk_group)) = self.groups {
@@ -160,12 +160,6 @@ impl Gate {
         let inds = scores.neg()?.argpartition(k - 1, -1)?.slice_axis(-1, 0, k)?;
         let scores = scores.take_along_axis(&inds, -1)?.mul_scalar(self.routed_scaling_factor)?;
         Ok((inds, scores))
-    }
-}
-
-impl Router for Gate {
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        self.forward(x)
     }
 
     fn arrays(&self) -> Vec<&Array> {

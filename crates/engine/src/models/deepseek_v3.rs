@@ -107,8 +107,8 @@ struct Gate {
     norm_topk_prob: bool,
 }
 
-impl Gate {
-    fn forward(&self, x: &Array) -> Result<(Array, Array)> {
+impl Router for Gate {
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
         let gates = x.matmul(&self.weight.t()?)?;
         let orig_scores = gates.astype(Dtype::F32)?.sigmoid()?;
         let mut scores = orig_scores.add(&self.e_score_correction_bias)?;
@@ -129,12 +129,6 @@ impl Gate {
             scores = scores.div(&scores.sum(&[-1], true)?)?;
         }
         Ok((inds, scores.mul_scalar(self.routed_scaling_factor)?))
-    }
-}
-
-impl Router for Gate {
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        self.forward(x)
     }
 
     fn arrays(&self) -> Vec<&Array> {
