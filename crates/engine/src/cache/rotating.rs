@@ -154,8 +154,6 @@ fn roll(x: &Array, shift: i32) -> Result<Array> {
     Ok(ops::concatenate(&[&x.slice_axis(0, n - s, n)?, &x.slice_axis(0, 0, n - s)?], 0)?)
 }
 
-/// `RotatingKVCache.make_mask` for a cache at `offset` with ring index `idx` (shared with the
-/// paged ring, which keeps the same layout).
 /// `trim` of a rotating window (mlx-lm's `RotatingKVCache.trim`), an error once it has wrapped.
 pub(crate) fn rotating_trim(n: i32, offset: &mut i32, idx: &mut i32, max_size: i32) -> Result<i32> {
     if *offset >= max_size {
@@ -169,6 +167,8 @@ pub(crate) fn rotating_trim(n: i32, offset: &mut i32, idx: &mut i32, max_size: i
     Ok(n)
 }
 
+/// `RotatingKVCache.make_mask` for a cache at `offset` with ring index `idx` (shared with the
+/// paged ring, which keeps the same layout).
 pub(crate) fn rotating_mask(n: i32, window_size: Option<i32>, offset: i32, max_size: i32, idx: i32) -> Result<CacheMask> {
     if n > 1 {
         let window = window_size.unwrap_or(max_size);
