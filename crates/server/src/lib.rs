@@ -1,6 +1,7 @@
 //! mlx-gen's OpenAI-compatible HTTP server: axum handlers on tokio, one engine thread that owns the model.
 #![forbid(unsafe_code)]
 pub mod api;
+pub mod lockstep;
 pub mod metrics;
 pub mod reasoning;
 pub mod replica;
@@ -25,9 +26,9 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// Requests waiting for the engine at most; more are refused (503 with Retry-After).
     pub max_queue: usize,
-    pub batch: worker::BatchOptions,
+    pub batch: lockstep::BatchOptions,
     /// With several ranks (rank 0 serves): how rank 0 hands its engine calls to the others.
-    pub share: Option<replica::Share>,
+    pub share: Option<lockstep::Share>,
 }
 
 /// Serves `loaded` until Ctrl-C (or SIGTERM), then lets running requests finish and returns.

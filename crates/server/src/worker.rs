@@ -6,11 +6,11 @@
 //! (a [`engine::cache::PagedPool`]) holds from earlier requests.
 use crate::api::{ApiError, GenParams, Prompt};
 use crate::metrics::Metrics;
-use crate::replica::{new_engine, new_pool, Call, SeqSpec, Share};
+use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, SeqSpec, Share, BLOCK};
 use engine::batch::{BatchEngine, StepToken};
 use engine::cache::PagedPool;
 use engine::sample::{init_random_draws, token_logprobs};
-use engine::tokenizer::StreamingDetokenizer;
+use tokenizer::StreamingDetokenizer;
 use engine::LoadedModel;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -57,22 +57,6 @@ pub enum Event {
     /// The job failed; before `Started`, a 4xx answer.
     Error(ApiError),
 }
-
-/// How the engine thread batches (from `mlx-gen serve`'s flags).
-#[derive(Clone, Debug)]
-pub struct BatchOptions {
-    /// Sequences decoded together at most.
-    pub max_batch: usize,
-    /// Prompt tokens prefilled per step (between two decode steps of the running batch).
-    pub prefill_step_size: usize,
-    /// Bytes of KV cache the running sequences may reserve (prompt + max_tokens each).
-    pub kv_budget_bytes: usize,
-    /// Bytes of the prefix pool (finished sequences' keys and values kept for reuse); 0: off.
-    pub prefix_cache_bytes: usize,
-}
-
-/// Positions per block of the prefix pool (and the unit of the KV metrics).
-pub(crate) const BLOCK: usize = 16;
 
 /// Starts the engine thread; it runs until every sender of its channel is dropped. Once `stopping`
 /// is set, running jobs end at their next token (so that a shutdown never waits on a long stream).
@@ -354,7 +338,7 @@ impl<'m> Worker<'m> {
             Prompt::Chat(messages) => {
                 let text = tok.apply_chat_template_json(messages, true, None, &[]).map_err(|e| invalid("messages", e))?;
                 if tok.has_thinking() {
-                    reasoning = Some(engine::tokenizer::prompt_opens_reasoning(&text));
+                    reasoning = Some(tokenizer::prompt_opens_reasoning(&text));
                 }
                 (tok.encode(&text, false).map_err(|e| invalid("messages", e))?, "messages")
             }

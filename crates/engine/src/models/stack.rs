@@ -7,7 +7,7 @@ use crate::cache::KvCache;
 use crate::error::Result;
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm};
 use crate::pipeline::Stage;
-use crate::weights::{Vb, Weights};
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::Array;
 
