@@ -31,12 +31,14 @@ pub struct ServeOptions {
     pub share: Option<lockstep::Share>,
 }
 
-/// Serves `loaded` until Ctrl-C (or SIGTERM), then lets running requests finish and returns.
-pub fn serve(loaded: LoadedModel, options: ServeOptions) -> Result<()> {
+/// Serves the model `load` makes (on the engine thread, which owns it) until Ctrl-C (or SIGTERM),
+/// then lets running requests finish and returns. A load failure is returned before anything
+/// listens.
+pub fn serve(load: impl FnOnce() -> Result<LoadedModel> + Send + 'static, options: ServeOptions) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone(), options.share.clone()).context("cannot start the engine thread")?;
+    let engine = worker::spawn(Box::new(load), jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone(), options.share.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -58,22 +58,45 @@ pub enum Event {
     Error(ApiError),
 }
 
-/// Starts the engine thread; it runs until every sender of its channel is dropped. Once `stopping`
-/// is set, running jobs end at their next token (so that a shutdown never waits on a long stream).
+/// Starts the engine thread, which loads the model with `load` (the model's arrays are made,
+/// used and dropped on that thread alone: see `mlx::Array`) and then serves jobs until every
+/// sender of its channel is dropped. Returns once the model is loaded and the engine is ready,
+/// or with the load's error. Once `stopping` is set, running jobs end at their next token (so
+/// that a shutdown never waits on a long stream).
 pub fn spawn(
-    loaded: LoadedModel,
+    load: Box<dyn FnOnce() -> anyhow::Result<LoadedModel> + Send>,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
     stopping: Arc<AtomicBool>,
     options: BatchOptions,
     share: Option<Share>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let thread = std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
+        let loaded = match load() {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
         let mut worker = Worker::new(&loaded, &metrics, options, share);
+        let _ = ready_tx.send(Ok(()));
         worker.run(&jobs, &stopping);
         worker.calls.push(Call::Stop);
         worker.send_calls();
-    })
+    })?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            anyhow::bail!("the engine thread ended while loading the model")
+        }
+    }
 }
 
 /// A job's shared part: its channel and settings. The job ends when its last choice drops it.

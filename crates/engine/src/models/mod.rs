@@ -18,7 +18,7 @@ use mlx::Array;
 use std::collections::BTreeMap;
 
 /// A loaded language model.
-pub trait Model: Send {
+pub trait Model {
     fn model_type(&self) -> &str;
     fn vocab_size(&self) -> i32;
     /// Every weight array, for evaluation at load and memory accounting.

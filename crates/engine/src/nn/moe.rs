@@ -204,7 +204,7 @@ impl GluMlp {
 }
 
 /// A mixture-of-experts router: x (B, L, hidden) -> expert indices and their weights, each (B, L, k).
-pub trait Router: Clone + Send {
+pub trait Router: Clone {
     fn route(&self, x: &Array) -> Result<(Array, Array)>;
     fn arrays(&self) -> Vec<&Array>;
 }
