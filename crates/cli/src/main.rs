@@ -78,7 +78,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}{}", hint(&msg));
+            // One write for the whole line: ranks of `launch` share one stderr, and a line written
+            // in pieces (as `eprintln!` does) can interleave with another rank's.
+            let line = format!("error: {msg}{}\n", hint(&msg));
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             ExitCode::from(1)
         }
     }
