@@ -146,15 +146,31 @@ fn load_weights(dir: &Path) -> Result<BTreeMap<String, Array>> {
     Ok(out)
 }
 
-/// The weights mlx-lm's model keeps after its `sanitize` (llama, mistral, qwen2, qwen3).
+/// The weights mlx-lm's model keeps after its `sanitize` (llama, mistral, qwen2, qwen3, and the
+/// mixture-of-experts files' own `sanitize`, which also stacks the experts).
 fn sanitize(model_type: &str, config: &Map<String, Value>, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    use crate::models::{mistral4, mixtral, qwen2_moe, qwen3_moe};
+    type Sanitize = fn(&Value, &mut crate::weights::Weights) -> Result<()>;
+    let own: Option<Sanitize> = match model_type {
+        "qwen2_moe" => Some(qwen2_moe::sanitize),
+        "qwen3_moe" => Some(qwen3_moe::sanitize),
+        "mixtral" => Some(mixtral::sanitize),
+        "mistral4" => Some(mistral4::sanitize),
+        _ => None,
+    };
+    if let Some(f) = own {
+        let mut w = crate::weights::Weights::from_map(std::mem::take(weights).into_iter().collect());
+        f(&Value::Object(config.clone()), &mut w)?;
+        *weights = w.into_map().into_iter().collect();
+        return Ok(());
+    }
     let tie_default = match model_type {
         "llama" | "mistral" | "qwen2" => Some(true),
         "qwen3" => None,
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4".into(),
             })
         }
     };
@@ -212,18 +228,25 @@ pub fn convert_folder(
     let mut summary = ConvertSummary { dtype: dtype.map(|d| d.name().to_owned()), ..Default::default() };
     let mut tensors: Vec<(String, Array)> = Vec::new();
     let mut parameters = 0usize;
+    let mut overrides = Map::new();
     for (i, (name, w)) in std::mem::take(&mut weights).into_iter().enumerate() {
         let w = match dtype {
             Some(d) if w.dtype().is_float() => w.astype(d)?,
             _ => w,
         };
-        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures).
-        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2);
+        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures),
+        // the experts' SwitchLinear and MLA's MultiLinear (3-D); the model's quant_predicate may
+        // give a layer its own parameters, recorded in the config.
+        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2 || w.ndim() == 3);
         let quantize = opts.quantize && w.dim(-1) % opts.q_group_size == 0;
         match layer.filter(|_| quantize) {
             Some(layer) => {
                 parameters += w.size();
-                let (q, s, b) = mlx::ops::quantize(&w, spec)?;
+                let own = if model_type == "qwen3_moe" { crate::models::qwen3_moe::quant_override(layer) } else { None };
+                if let Some(o) = own {
+                    overrides.insert(layer.to_owned(), serde_json::json!({"group_size": o.group_size, "bits": o.bits}));
+                }
+                let (q, s, b) = mlx::ops::quantize(&w, own.unwrap_or(spec))?;
                 mlx::eval(&[&q, &s, &b])?;
                 tensors.push((name.clone(), q));
                 tensors.push((format!("{layer}.scales"), s));
@@ -247,6 +270,7 @@ pub fn convert_folder(
         q.insert("group_size".into(), opts.q_group_size.into());
         q.insert("bits".into(), opts.q_bits.into());
         q.insert("mode".into(), "affine".into());
+        q.extend(overrides);
         config.insert("quantization".into(), Value::Object(q));
     }
     // mlx-lm's save_config: no _name_or_path or vision_config, quantization_config mirrors

@@ -144,7 +144,8 @@ impl Arch for DeepseekV3 {
 
 /// sanitize's `kv_b_proj` split: per head, the no-RoPE key rows transposed into `embed_q` and the
 /// value rows into `unembed_out` (dequantized first and quantized again alike when quantized).
-fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
+/// Also mistral4's.
+pub(super) fn split_kv_b(weights: &mut Weights, prefix: &str, c: &MlaSpec) -> Result<()> {
     let Some(mut v) = weights.remove(&format!("{prefix}.kv_b_proj.weight")) else { return Ok(()) };
     let mut spec = None;
     if weights.contains(&format!("{prefix}.kv_b_proj.scales")) {
@@ -157,7 +158,7 @@ fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
         spec = Some(q);
     }
     let nope = c.qk_nope_head_dim;
-    let v = v.reshape(&[c.num_attention_heads, nope + c.v_head_dim, -1])?;
+    let v = v.reshape(&[c.n_heads, nope + c.v_head_dim, -1])?;
     let wk = v.slice_axis(1, 0, nope)?.swapaxes(-1, -2)?.contiguous()?;
     let wv = v.slice_axis(1, nope, i32::MAX)?.contiguous()?;
     for (name, w) in [("embed_q", wk), ("unembed_out", wv)] {
@@ -230,7 +231,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     super::hf_quant::sanitize(weights)?;
     for i in 0..c.num_hidden_layers {
         stack_experts(weights, &format!("model.layers.{i}.mlp"), c.n_routed_experts.unwrap_or(0))?;
-        split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &c)?;
+        split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &spec)?;
     }
     weights.drop_where(|n| n.starts_with("model.layers.61") || n.contains("rotary_emb.inv_freq"));
     let vb = weights.view("model");

@@ -20,7 +20,7 @@ pub fn sanitize(weights: &mut Weights) -> Result<()> {
 /// per word, low bits first) read as uint32 into `X.weight`, `X.weight_scale` into `X.scales`, and
 /// `X.biases = -8 * scales`. As mlx-lm, every other `*weight_scale` / `*weight_packed` tensor is
 /// dropped and `X.weight_shape` is not kept.
-fn remap_packed_int4(weights: &mut Weights) -> Result<()> {
+pub fn remap_packed_int4(weights: &mut Weights) -> Result<()> {
     let names = weights.names();
     let mut made = Vec::new();
     for k in &names {

@@ -3,8 +3,12 @@ pub mod deepseek_v2;
 pub mod deepseek_v3;
 mod hf_quant;
 pub mod llama;
+pub mod mistral4;
+pub mod mixtral;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 mod stack;
 mod transformer;
 
@@ -87,6 +91,10 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", qwen3::load),
     ("deepseek_v2", deepseek_v2::load),
     ("deepseek_v3", deepseek_v3::load),
+    ("qwen2_moe", qwen2_moe::load),
+    ("qwen3_moe", qwen3_moe::load),
+    ("mixtral", mixtral::load),
+    ("mistral4", mistral4::load),
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {
