@@ -9,7 +9,8 @@ and from each, with mlx-lm's own `mlx_lm.convert` (its Model classes and its sav
 float32 MLX folder (experts stacked into `switch_mlp`, mistral4's `kv_b_proj` split into
 `embed_q`/`unembed_out`, qwen3_moe's routers in 8 bits by its quant_predicate, i.e. per-layer
 overrides in config.json). What each exercises:
-  qwen3_moe  8 experts, top-2, renormalised; `mlp_only_layers` and `decoder_sparse_step` mixing
+  qwen3_moe  8 experts, top-2, renormalised; head_dim 32 (4 x 32 != hidden 64, and wide enough for
+             a quantized KV cache); `mlp_only_layers` and `decoder_sparse_step` mixing
              dense and MoE layers (the 4-bit one from a second float model with step 2)
   qwen2_moe  8 experts, top-2, a shared expert with its sigmoid `shared_expert_gate`
   mixtral    8 experts, top-2 softmax over the chosen logits, `block_sparse_moe`
@@ -34,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from make_models import make_tokenizer, tokenizer_info  # noqa: E402
 
-H, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, MOE_INTER, INTER = 64, 4, 2, 16, 8, 32, 96
+H, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, MOE_INTER, INTER = 64, 4, 2, 32, 8, 32, 96  # qwen3_moe's head_dim
 
 FLOAT = [
     dict(name="qwen3moe-f32", arch="qwen3_moe", layers=3, step=1, mlp_only=[1]),

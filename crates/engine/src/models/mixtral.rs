@@ -58,14 +58,12 @@ fn parse(config: &serde_json::Value) -> Result<Config> {
 }
 
 /// mlx-lm's `sanitize`: a tied model drops `lm_head.weight`; the experts' `w1`/`w2`/`w3`
-/// (Hugging Face layout, float or quantized) become the stacked `switch_mlp` gate/down/up.
+/// (Hugging Face layout, float or quantized) become the stacked `switch_mlp` gate/down/up, in
+/// each layer that has them (a pipeline stage lacks layer 0).
 pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()> {
     let c = parse(config)?;
     if c.tie_word_embeddings {
         weights.drop_where(|n| n == "lm_head.weight");
-    }
-    if !weights.contains("model.layers.0.block_sparse_moe.experts.0.w1.weight") {
-        return Ok(());
     }
     let names = [("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")];
     for i in 0..c.num_hidden_layers {

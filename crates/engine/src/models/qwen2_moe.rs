@@ -53,12 +53,9 @@ fn parse(config: &serde_json::Value) -> Result<Config> {
 }
 
 /// mlx-lm's `sanitize`: per-expert projections (Hugging Face layout, float or quantized) are
-/// stacked into `switch_mlp` when layer 0 has them.
+/// stacked into `switch_mlp` (in each layer that has them: a pipeline stage lacks layer 0).
 pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()> {
     let c = parse(config)?;
-    if !weights.contains("model.layers.0.mlp.experts.0.up_proj.weight") {
-        return Ok(());
-    }
     for i in 0..c.num_hidden_layers {
         stack_experts(weights, &format!("model.layers.{i}.mlp"), c.num_experts)?;
     }
