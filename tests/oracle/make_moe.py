@@ -15,7 +15,8 @@ overrides in config.json). What each exercises:
   qwen2_moe  8 experts, top-2, a shared expert with its sigmoid `shared_expert_gate`
   mixtral    8 experts, top-2 softmax over the chosen logits, `block_sparse_moe`
   mistral4   MLA (q_lora, yarn rope, Llama-4 query scale over a short original context), a dense
-             first layer, 8 experts in 4 groups (keep 2), top-2 renormalised and scaled, a shared expert
+             first layer, 8 experts in 4 groups (keep 2), top-2 renormalised and scaled, a shared expert;
+             and once as published in FP8 (see FP8 below)
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
@@ -33,6 +34,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from make_deepseek import save_raw, to_fp8_blocks  # noqa: E402
 from make_models import make_tokenizer, tokenizer_info  # noqa: E402
 
 H, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, MOE_INTER, INTER = 64, 4, 2, 32, 8, 32, 96  # qwen3_moe's head_dim
@@ -50,7 +52,11 @@ QUANT = [
     dict(name="mixtral-q4g32", src="mixtral-f32"),
     dict(name="mistral4-q4g32", src="mistral4-f32"),
 ]
-KV_LORA, Q_LORA, NOPE, ROPE, VHEAD = 32, 32, 32, 16, 32
+KV_LORA, Q_LORA, NOPE, ROPE, VHEAD = 32, 32, 32, 32, 32
+# mistral4 as published: FP8 (F8_E4M3) projections with 128x128 block scales, routed experts fused
+# into `experts.gate_up_proj` / `experts.down_proj` with one scale per expert, an unused
+# `activation_scale`; mlx-lm's sanitize dequantizes all of it to bfloat16.
+FP8 = dict(name="mistral4-fp8", arch="mistral4", layers=3)
 
 
 def make_config(v, vocab, ids):
@@ -169,6 +175,47 @@ def write_float(v, outdir, tokdir, tok_size, ids):
     mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
 
 
+def to_fp8_per_expert(w):
+    """w (E, m, n) float32 -> (e4m3 bytes (E, m, n) uint8, scale_inv (E, 1, 1) float32)."""
+    import mlx.core as mx
+
+    scale = (np.maximum(np.abs(w).max(axis=(1, 2), keepdims=True), 1e-8) / 448.0).astype(np.float32)
+    return np.array(mx.to_fp8(mx.array((w / scale).astype(np.float32)))), scale
+
+
+def write_fp8(v, outdir, tokdir, tok_size, ids):
+    d = outdir / v["name"]
+    d.mkdir(parents=True)
+    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
+    w = make_weights(v, cfg, tok_size)
+    tensors = {}
+    for l in range(v["layers"]):
+        p = f"model.layers.{l}.mlp."
+        if p + "experts.0.gate_proj.weight" not in w:
+            continue
+        stack = lambda n: np.stack([w.pop(p + f"experts.{e}.{n}.weight") for e in range(EXPERTS)])  # noqa: E731
+        gate, up, down = stack("gate_proj"), stack("up_proj"), stack("down_proj")
+        for name, x in [("gate_up_proj", np.concatenate([gate, up], axis=1)), ("down_proj", down)]:
+            q, s = to_fp8_per_expert(x)
+            tensors[p + "experts." + name] = (q, "F8_E4M3")
+            tensors[p + "experts." + name + "_scale_inv"] = (s, "F32")
+    proj = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for k, x in w.items():
+        if k.endswith(".weight") and k.split(".")[-2] in proj:
+            q, s = to_fp8_blocks(x)
+            tensors[k] = (q, "F8_E4M3")
+            tensors[k + "_scale_inv"] = (s, "F32")
+            if k.endswith("q_a_proj.weight"):
+                tensors[k[: -len("weight")] + "activation_scale"] = (np.ones((), np.float32), "F32")
+        else:
+            tensors[k] = (x, "F32")
+    cfg["quantization_config"] = {"activation_scheme": "static", "quant_method": "fp8", "weight_block_size": [128, 128]}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in tokdir.iterdir():
+        shutil.copy(f, d / f.name)
+    save_raw(d / "model.safetensors", tensors)
+
+
 def write_quant(q, outdir):
     from mlx_lm import convert
 
@@ -198,6 +245,10 @@ def main():
             shutil.rmtree(outdir / v["name"])
         write_float(v, outdir, tokdir, tok_size, ids)
         info[v["name"]] = dict(kind="float", arch=v["arch"], dtype="float32")
+    if (outdir / FP8["name"]).exists():
+        shutil.rmtree(outdir / FP8["name"])
+    write_fp8(FP8, outdir, tokdir, tok_size, ids)
+    info[FP8["name"]] = dict(kind="fp8", arch="mistral4", dtype="float32")
     for q in QUANT:
         if (outdir / q["name"]).exists():
             shutil.rmtree(outdir / q["name"])

@@ -217,13 +217,13 @@ pub fn deepseek_model(name: &str) -> PathBuf {
 /// (a file lock makes parallel test processes build it once).
 pub fn deepseek_models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| script_models_dir("make_deepseek.py", "deepseek-models"))
+    DIR.get_or_init(|| script_models_dir("make_deepseek.py", &[], "deepseek-models"))
 }
 
 /// The folder of all mixture-of-experts test models (tests/oracle/make_moe.py).
 pub fn moe_models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| script_models_dir("make_moe.py", "moe-models"))
+    DIR.get_or_init(|| script_models_dir("make_moe.py", &["make_deepseek.py"], "moe-models"))
 }
 
 /// The folder of one mixture-of-experts test model (tests/oracle/make_moe.py).
@@ -234,12 +234,13 @@ pub fn moe_model(name: &str) -> PathBuf {
 }
 
 /// The models that `script` (in tests/oracle, run as `script OUTDIR`) builds, under the cargo
-/// target dir in `tag-HASH`: built once per content of the scripts that make them (a file lock
-/// makes parallel test processes build it once).
-fn script_models_dir(script: &str, tag: &str) -> PathBuf {
+/// target dir in `tag-HASH`: built once per content of the scripts that make them (`script`, the
+/// scripts it imports beyond make_models.py and make_tokenizer.py, and reference.py); a file lock
+/// makes parallel test processes build it once.
+fn script_models_dir(script: &str, imports: &[&str], tag: &str) -> PathBuf {
     let py = venv_python();
     let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for f in [script, "make_models.py", "make_tokenizer.py", "reference.py"] {
+    for f in [&[script, "make_models.py", "make_tokenizer.py", "reference.py"][..], imports].concat() {
         fnv1a(&mut h, f.as_bytes());
         fnv1a(&mut h, &std::fs::read(oracle_dir().join(f)).unwrap_or_default());
     }

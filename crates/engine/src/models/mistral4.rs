@@ -180,18 +180,14 @@ impl Arch for Mistral4 {
     }
 }
 
-/// mlx-lm's `sanitize`: compressed-tensors int4 as MLX affine; the experts fused
+/// mlx-lm's `sanitize`: compressed-tensors int4 as MLX affine, FP8 dequantized to bfloat16
+/// (block, per-tensor or per-expert scales); the experts fused
 /// (`experts.gate_up_proj`, `experts.down_proj`) or per expert stacked into `switch_mlp`;
 /// `kv_b_proj` absorbed into `embed_q` / `unembed_out`; rotary frequencies dropped.
 pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()> {
     let c: Config = super::parse_config(config)?;
     super::hf_quant::remap_packed_int4(weights)?;
-    if let Some(k) = weights.names().into_iter().find(|k| k.ends_with("_scale_inv")) {
-        return Err(EngineError::Invalid(format!(
-            "{k}: FP8 mistral4 checkpoints are not supported yet; convert one to bfloat16 first"
-        )));
-    }
-    weights.drop_where(|k| k.ends_with("activation_scale"));
+    super::hf_quant::dequantize_fp8_broadcasting(weights)?;
     let spec = spec(&c);
     for i in 0..c.num_hidden_layers {
         let p = format!("model.layers.{i}.mlp");
