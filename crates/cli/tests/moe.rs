@@ -136,6 +136,64 @@ fn caches() {
     }
 }
 
+/// Prompt-cache files both ways (`cache-prompt`, then `generate --prompt-cache-file`): mlx-lm
+/// continues from ours and we from mlx-lm's, with the same tokens (qwen3_moe's KV cache,
+/// mistral4's latent cache).
+#[test]
+fn prompt_cache_files_are_mlx_lms() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-prompt-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (first, then) = (CHAT_PROMPT, "Summarize it.");
+    let mut ops = Vec::new();
+    let mut runs = Vec::new();
+    for v in ["qwen3moe-f32", "mistral4-q4g32"] {
+        let model = common::moe_model(v);
+        let (ours, theirs) = (tmp.join(format!("{v}-ours.safetensors")), tmp.join(format!("{v}-theirs.safetensors")));
+        let args = ["cache-prompt", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", first];
+        let o = common::mlx_gen(&[&args[..], &["--prompt-cache-file", ours.to_str().unwrap()]].concat(), None);
+        assert!(o.status.success(), "{v}: cache-prompt failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        ops.push(serde_json::json!({"op": "cache_prompt", "model": model, "prompt": first, "prompt_cache_file": theirs}));
+        runs.push((v, model, ours, theirs));
+    }
+    for (_, model, ours, theirs) in &runs {
+        for f in [ours, theirs] {
+            ops.push(serde_json::json!({"op": "generate", "model": model, "prompt": then, "max_tokens": MAX_TOKENS,
+                "prompt_cache_file": f}));
+        }
+    }
+    let refs = common::batched_reference("cache_reference.py", &ops);
+    for (i, (v, model, ours, theirs)) in runs.iter().enumerate() {
+        for (j, (who, f)) in [("ours", ours), ("theirs", theirs)].into_iter().enumerate() {
+            let want = &refs[runs.len() + 2 * i + j]["tokens"];
+            let max = MAX_TOKENS.to_string();
+            let args = ["generate", "--device", "cpu", "--model", model.to_str().unwrap(), "--prompt", then, "--max-tokens", &max];
+            let o = common::mlx_gen(&[&args[..], &["--output", "json", "--prompt-cache-file", f.to_str().unwrap()]].concat(), None);
+            assert!(o.status.success(), "{v} ({who} file): generate failed:\n{}", String::from_utf8_lossy(&o.stderr));
+            let o: Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
+            assert_eq!(&o["tokens"], want, "{v}: tokens after the prompt cache written by {who} differ from mlx-lm's");
+            eprintln!("{v}: prompt cache written by {who}: {} tokens equal", want.as_array().map_or(0, Vec::len));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Speculative decoding (a draft model, and prompt lookup) keeps the greedy tokens on the CPU,
+/// the target's caches trimmed after rejected drafts.
+#[test]
+fn speculative_decoding_keeps_the_greedy_tokens() {
+    let (target, draft) = (common::moe_model("mistral4-f32"), common::moe_model("qwen3moe-f32"));
+    let base = ["generate", "--device", "cpu", "--model", target.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", "48", "--output", "json"];
+    let run = |extra: &[&str]| -> Value {
+        let o = common::mlx_gen(&[&base[..], extra].concat(), None);
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("mlx-gen JSON")
+    };
+    let plain = run(&[]);
+    for extra in [&["--draft-model", draft.to_str().unwrap(), "--num-draft-tokens", "3"][..], &["--prompt-lookup", "2"][..]] {
+        assert_eq!(run(extra)["tokens"], plain["tokens"], "{extra:?}: speculative tokens differ from plain greedy ones");
+    }
+}
+
 /// qwen3_moe: attention heads, the dense layers' hidden units and every expert's hidden units
 /// split over 2 ranks (the router whole, one all_sum per MoE layer), as mlx-lm's `shard`.
 #[test]
