@@ -141,6 +141,21 @@ mod tests {
         }
     }
 
+    /// mistral4's pass: a per-expert (E, 1, 1) scale broadcasts, `activation_scale` is dropped.
+    #[test]
+    fn per_expert_scales_broadcast_and_activation_scales_go() {
+        let mut map = std::collections::HashMap::new();
+        map.insert("e.down_proj".to_owned(), Array::from_bytes(&[0x38u8; 8], &[2, 2, 2], Dtype::U8).unwrap());
+        map.insert("e.down_proj_scale_inv".to_owned(), Array::from_slice(&[2.0f32, 0.5], &[2, 1, 1]).unwrap());
+        map.insert("q.activation_scale".to_owned(), Array::from_slice(&[1.0f32], &[1]).unwrap());
+        let mut w = Weights::from_map(map);
+        dequantize_fp8_broadcasting(&mut w).unwrap();
+        assert_eq!(w.names(), ["e.down_proj"]);
+        let out = w.remove("e.down_proj").unwrap();
+        assert_eq!(out.dtype(), Dtype::BF16);
+        assert_eq!(out.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(), [2.0, 2.0, 2.0, 2.0, 0.5, 0.5, 0.5, 0.5]);
+    }
+
     #[test]
     fn wrong_scale_shape_is_an_error() {
         let w = Array::from_bytes(&[0x38u8; 6], &[2, 3], Dtype::U8).unwrap();

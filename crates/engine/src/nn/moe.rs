@@ -475,3 +475,65 @@ impl<R: Router> Ffn<R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gate whose projection is the identity, so the logits are x itself.
+    fn gate(routing: Routing) -> Gate {
+        let eye: Vec<f32> = (0..16).map(|i| if i % 5 == 0 { 1.0 } else { 0.0 }).collect();
+        Gate { proj: Linear::float(Array::from_slice(&eye, &[4, 4]).unwrap(), None), correction_bias: None, shared_expert_gate: None, routing }
+    }
+
+    fn route(g: &Gate, logits: [f32; 4]) -> (Vec<u32>, Vec<f32>) {
+        let (i, s) = g.route(&Array::from_slice(&logits, &[1, 1, 4]).unwrap()).unwrap();
+        let mut pairs: Vec<(u32, f32)> = i.to_vec::<u32>().unwrap().into_iter().zip(s.to_vec::<f32>().unwrap()).collect();
+        pairs.sort_by_key(|p| p.0);
+        pairs.into_iter().unzip()
+    }
+
+    #[test]
+    fn top_k_variants_pick_the_same_experts() {
+        let logits = [0.5, 2.0, -1.0, 1.0];
+        let plain = route(&gate(Routing::softmax_top_k(2)), logits);
+        let from_top = route(&gate(Routing { select_from_top: true, ..Routing::softmax_top_k(2) }), logits);
+        assert_eq!(plain.0, [1, 3]);
+        assert_eq!(plain, from_top);
+        // Softmax over all four, not renormalised: the two weights sum to less than 1.
+        assert!(plain.1.iter().sum::<f32>() < 0.99);
+        let norm = route(&gate(Routing { normalize: true, ..Routing::softmax_top_k(2) }), logits);
+        assert!((norm.1.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn mixtral_softmaxes_the_chosen_logits_only() {
+        let (i, s) = route(&gate(Routing { score_after_select: true, ..Routing::softmax_top_k(2) }), [0.5, 2.0, -1.0, 1.0]);
+        assert_eq!(i, [1, 3]);
+        let e = (-1.0f32).exp();
+        assert!((s[0] - 1.0 / (1.0 + e)).abs() < 1e-6 && (s[1] - e / (1.0 + e)).abs() < 1e-6, "{s:?}");
+    }
+
+    #[test]
+    fn group_limits_and_scaling() {
+        // Groups {0, 1} and {2, 3}: the best two experts are 0 and 2, but only the best group
+        // (by its best expert) stays, so 0 and 1.
+        let logits = [3.0, 0.0, 2.9, 2.8];
+        assert_eq!(route(&gate(Routing::softmax_top_k(2)), logits).0, [0, 2]);
+        let r = Routing { groups: Some((2, 1, GroupScore::Max)), scaling: Some(2.0), ..Routing::softmax_top_k(2) };
+        let (i, s) = route(&gate(r), logits);
+        assert_eq!(i, [0, 1]);
+        let unscaled = route(&gate(Routing::softmax_top_k(4)), logits).1;
+        assert!((s[0] - 2.0 * unscaled[0]).abs() < 1e-6 && (s[1] - 2.0 * unscaled[1]).abs() < 1e-6);
+        // Rated by the sum of their two best, group {2, 3} wins instead.
+        let r = Routing { groups: Some((2, 1, GroupScore::TopTwoSum)), ..Routing::softmax_top_k(2) };
+        assert_eq!(route(&gate(r), logits).0, [2, 3]);
+    }
+
+    #[test]
+    fn bad_routing_is_a_config_error() {
+        assert!(Gate::check(8, &Routing::softmax_top_k(9)).is_err());
+        assert!(Gate::check(8, &Routing { groups: Some((3, 1, GroupScore::Max)), ..Routing::softmax_top_k(2) }).is_err());
+        assert!(Gate::check(8, &Routing { groups: Some((4, 2, GroupScore::TopTwoSum)), ..Routing::softmax_top_k(2) }).is_ok());
+    }
+}
