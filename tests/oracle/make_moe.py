@@ -6,7 +6,7 @@ Usage: make_moe.py OUTDIR
 One float32 checkpoint per architecture in Hugging Face layout (one tensor per expert, Mixtral's
 w1/w2/w3, mistral4's `kv_b_proj`), which mlx-lm's own `Model` classes load through their `sanitize`;
 and from each, with mlx-lm's own `mlx_lm.convert` (its Model classes and its save), a 4-bit group-32
-float32 MLX folder (experts stacked into `switch_mlp`, mistral4's `kv_b_proj` split into
+float32 MLX folder (and one bfloat16, as mlx-community publishes them; experts stacked into `switch_mlp`, mistral4's `kv_b_proj` split into
 `embed_q`/`unembed_out`, qwen3_moe's routers in 8 bits by its quant_predicate, i.e. per-layer
 overrides in config.json). What each exercises:
   qwen3_moe  8 experts, top-2, renormalised; head_dim 32 (4 x 32 != hidden 64, and wide enough for
@@ -51,6 +51,8 @@ QUANT = [
     dict(name="qwen2moe-q4g32", src="qwen2moe-f32"),
     dict(name="mixtral-q4g32", src="mixtral-f32"),
     dict(name="mistral4-q4g32", src="mistral4-f32"),
+    # As mlx-community publishes them: bfloat16 activations and scales.
+    dict(name="qwen3moe-q4g32-bf16", src="qwen3moe-f32", dtype="bfloat16"),
 ]
 KV_LORA, Q_LORA, NOPE, ROPE, VHEAD = 32, 32, 32, 32, 32
 # mistral4 as published: FP8 (F8_E4M3) projections with 128x128 block scales, routed experts fused
@@ -221,7 +223,7 @@ def write_quant(q, outdir):
 
     with contextlib.redirect_stdout(io.StringIO()):
         convert(str(outdir / q["src"]), str(outdir / q["name"]), quantize=True, q_bits=4, q_group_size=32,
-                dtype="float32")
+                dtype=q.get("dtype", "float32"))
 
 
 def main():
@@ -253,7 +255,7 @@ def main():
         if (outdir / q["name"]).exists():
             shutil.rmtree(outdir / q["name"])
         write_quant(q, outdir)
-        info[q["name"]] = dict(kind="quantized", arch=info[q["src"]]["arch"], dtype="float32", bits=4,
+        info[q["name"]] = dict(kind="quantized", arch=info[q["src"]]["arch"], dtype=q.get("dtype", "float32"), bits=4,
                                group_size=32, src=q["src"])
     shutil.rmtree(tokdir)
     for name in sorted(info):

@@ -3,7 +3,8 @@
 //! mlx-lm's own 4-bit conversions of them; mistral4 also as published in FP8): `mlx-gen generate` gives Python mlx-lm 0.32.2's greedy
 //! tokens and text (64 tokens) with and without the chat template, the chat prompt routing enough
 //! tokens (>= 64 token-expert pairs) for the sorted-experts path; prompt logits within 1e-5 of
-//! mlx-lm's (float32 activations and scales, the 4-bit ones too); `mlx-gen convert -q` equal to
+//! mlx-lm's (float32 activations and scales, the 4-bit ones too; 1e-2 x the logit range for the
+//! bfloat16 4-bit one); `mlx-gen convert -q` equal to
 //! `mlx_lm.convert -q` tensor for tensor; rotating and quantized KV caches as mlx-lm's; tensor and
 //! pipeline parallel on 2 ranks equal to one process; continuous batching equal to each sequence
 //! alone. Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
@@ -30,6 +31,7 @@ const VARIANTS: &[&str] = &[
     "qwen2moe-q4g32",
     "qwen3moe-f32",
     "qwen3moe-q4g32",
+    "qwen3moe-q4g32-bf16",
     "qwen3moe-step2-f32",
 ];
 
@@ -37,15 +39,15 @@ fn info() -> Value {
     serde_json::from_str(&std::fs::read_to_string(common::moe_models_dir().join("variants.json")).unwrap()).unwrap()
 }
 
-/// Each variant of one architecture with the chat prompt; the main float and 4-bit ones also with
-/// the raw prompt (too short for the sorted path: the unsorted one).
+/// Each variant of one architecture with the chat prompt; the main float32 and 4-bit ones also
+/// with the raw prompt (too short for the sorted path: the unsorted one).
 fn check_arch(prefix: &str) {
     let info = info();
     for v in VARIANTS.iter().filter(|v| v.starts_with(prefix)) {
         let f32 = info[v]["dtype"] == "float32";
         let n = common::check_against_reference(&common::moe_model(v), f32, CHAT_PROMPT, false, MAX_TOKENS);
         assert!(n * 2 >= 64, "{v}: the chat prompt routes {} token-expert pairs, fewer than the sorted path's 64", n * 2);
-        if !v.contains("step2") && !v.contains("fp8") {
+        if !v.contains("step2") && !v.contains("fp8") && !v.contains("bf16") {
             common::check_against_reference(&common::moe_model(v), f32, RAW_PROMPT, true, MAX_TOKENS);
         }
     }
@@ -79,7 +81,7 @@ fn mistral4() {
     check_arch("mistral4");
 }
 
-/// `mlx-gen convert -q --q-group-size 32 --dtype float32` of each Hugging Face float checkpoint
+/// `mlx-gen convert -q --q-group-size 32 --dtype float32|bfloat16` of each Hugging Face float checkpoint
 /// equals mlx-lm's conversion with the same settings (the 4-bit variants: per-expert tensors
 /// stacked, mistral4's kv_b_proj absorbed, qwen3_moe's routers in 8 bits with their entries in
 /// config.json).
@@ -91,7 +93,8 @@ fn convert_equals_mlx_lm() {
         let ours = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("moe-convert-{v}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&ours);
         let args = ["convert", "--model", src.to_str().unwrap(), "--mlx-path", ours.to_str().unwrap()];
-        let o = common::mlx_gen(&[&args[..], &["-q", "--q-group-size", "32", "--dtype", "float32"]].concat(), None);
+        let dtype = info[*v]["dtype"].as_str().unwrap();
+        let o = common::mlx_gen(&[&args[..], &["-q", "--q-group-size", "32", "--dtype", dtype]].concat(), None);
         assert!(o.status.success(), "{v}: mlx-gen convert failed:\n{}", String::from_utf8_lossy(&o.stderr));
         common::assert_same_model_folder(&ours, &common::moe_model(v));
         let _ = std::fs::remove_dir_all(&ours);
