@@ -52,6 +52,11 @@ impl Weights {
         Weights { tensors: RefCell::new(tensors), taken: RefCell::new(BTreeSet::new()), layers: None }
     }
 
+    /// The tensors not taken yet, by name (for `convert`, after an architecture's `sanitize`).
+    pub fn into_map(self) -> HashMap<String, Array> {
+        self.tensors.into_inner()
+    }
+
     /// Restricts loading to the layers `keep` of a model of `total` layers (a pipeline stage): the
     /// tensors of its other layers (named `...layers.N....`, as mlx-lm matches them, N < `total`)
     /// leave the checkpoint unread, so that strict loading accepts them while still naming any

@@ -37,16 +37,7 @@ fn ours_convert(args: &[&str]) -> std::process::Output {
 }
 
 fn compare(ours: &Path, theirs: &Path) {
-    let out = Command::new(common::venv_python())
-        .arg(common::oracle_dir().join("convert_compare.py"))
-        .args([ours, theirs])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run convert_compare.py");
-    assert!(out.status.success(), "convert_compare.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("convert_compare.py JSON");
-    assert_eq!(v["ok"], true, "{} vs mlx_lm.convert's {}: {}", ours.display(), theirs.display(), v["problems"]);
-    assert!(v["tensors"].as_u64().unwrap_or(0) > 0);
+    common::assert_same_model_folder(ours, theirs);
 }
 
 /// Greedy tokens of mlx-lm (reference.py) on `theirs` and of mlx-gen on `ours`.

@@ -11,7 +11,6 @@ mod common;
 
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 const MAX_TOKENS: usize = 64;
 /// With the template's default system prompt, long enough (47 tokens) for the sorted-experts path.
@@ -36,51 +35,9 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn check(variant: &str, prompt: &str, ignore_chat_template: bool) {
-    let dir = common::deepseek_models_dir().join(variant);
-    let case = format!("{variant} (prompt {prompt:?}, ignore_chat_template={ignore_chat_template})");
-    let max = MAX_TOKENS.to_string();
-    let mut args = vec!["--prompt", prompt, "--max-tokens", &max];
-    if ignore_chat_template {
-        args.push("--ignore-chat-template");
-    }
-    let out = Command::new(common::venv_python())
-        .arg(common::oracle_dir().join("reference.py"))
-        .arg("--model")
-        .arg(&dir)
-        .args(&args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run reference.py");
-    assert!(out.status.success(), "{case}: reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let r: Value = serde_json::from_slice(&out.stdout).expect("reference.py JSON");
-    let (ref_prompt, ref_tokens) = (ids(&r["prompt_ids"]), ids(&r["tokens"]));
-    let ref_logits: Vec<f32> = r["logits"].as_array().expect("logits").iter().map(|x| x.as_f64().unwrap() as f32).collect();
-
-    // Generation through the CLI.
-    let dir_s = dir.to_str().unwrap();
-    let mut cli = vec!["generate", "--model", dir_s, "--output", "json"];
-    cli.extend(&args);
-    let o = common::mlx_gen(&cli, None);
-    assert!(o.status.success(), "{case}: mlx-gen failed:\n{}", String::from_utf8_lossy(&o.stderr));
-    let o: Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
-    assert_eq!(ids(&o["tokens"]), ref_tokens, "{case}: generated tokens differ from mlx-lm's");
-    assert_eq!(o["text"], r["text"], "{case}: text differs from mlx-lm's");
-    assert_eq!(o["prompt_tokens"].as_u64(), Some(ref_prompt.len() as u64), "{case}: prompt_tokens");
-
-    // Prompt logits through the engine.
-    let model = engine::LoadedModel::load(dir.as_path()).unwrap_or_else(|e| panic!("{case}: load: {e:?}"));
-    let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
-    assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
-    let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
     let info: Value = serde_json::from_str(&std::fs::read_to_string(common::deepseek_models_dir().join("variants.json")).unwrap()).unwrap();
-    let tol = if info[variant]["dtype"] == "float32" {
-        1e-5
-    } else {
-        let (lo, hi) = ref_logits.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        1e-2 * (hi - lo)
-    };
-    assert!(max_diff <= tol, "{case}: prompt logits differ from mlx-lm's by up to {max_diff:e} (tolerance {tol:e})");
-    eprintln!("{case}: {} tokens equal, logits max |diff| {max_diff:e}", ref_tokens.len());
+    let f32 = info[variant]["dtype"] == "float32";
+    common::check_against_reference(&common::deepseek_model(variant), f32, prompt, ignore_chat_template, MAX_TOKENS);
 }
 
 #[test]

@@ -38,6 +38,14 @@ pub trait ModelRules {
         config: &Map<String, Value>,
         weights: &mut BTreeMap<String, Array>,
     ) -> std::result::Result<(), String>;
+
+    /// The architecture's own quantization for the layer at `path` (mlx-lm's per-model
+    /// `quant_predicate`, e.g. qwen3_moe's 8-bit routers), recorded in config.json; `None`: the
+    /// conversion's bits and group size.
+    fn quant_override(&self, model_type: &str, path: &str) -> Option<QuantSpec> {
+        let _ = (model_type, path);
+        None
+    }
 }
 
 /// What a conversion wrote.
@@ -204,18 +212,25 @@ pub fn convert_folder(
     let mut summary = ConvertSummary { dtype: dtype.map(|d| d.name().to_owned()), ..Default::default() };
     let mut tensors: Vec<(String, Array)> = Vec::new();
     let mut parameters = 0usize;
+    let mut overrides = Map::new();
     for (i, (name, w)) in std::mem::take(&mut weights).into_iter().enumerate() {
         let w = match dtype {
             Some(d) if w.dtype().is_float() => w.astype(d)?,
             _ => w,
         };
-        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures).
-        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2);
+        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures),
+        // the experts' SwitchLinear and MLA's MultiLinear (3-D); the model's quant_predicate may
+        // give a layer its own parameters, recorded in the config.
+        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2 || w.ndim() == 3);
         let quantize = opts.quantize && w.dim(-1) % opts.q_group_size == 0;
         match layer.filter(|_| quantize) {
             Some(layer) => {
                 parameters += w.size();
-                let (q, s, b) = mlx::ops::quantize(&w, spec)?;
+                let own = rules.quant_override(&model_type, layer);
+                if let Some(o) = own {
+                    overrides.insert(layer.to_owned(), serde_json::json!({"group_size": o.group_size, "bits": o.bits}));
+                }
+                let (q, s, b) = mlx::ops::quantize(&w, own.unwrap_or(spec))?;
                 mlx::eval(&[&q, &s, &b])?;
                 tensors.push((name.clone(), q));
                 tensors.push((format!("{layer}.scales"), s));
@@ -239,6 +254,7 @@ pub fn convert_folder(
         q.insert("group_size".into(), opts.q_group_size.into());
         q.insert("bits".into(), opts.q_bits.into());
         q.insert("mode".into(), "affine".into());
+        q.extend(overrides);
         config.insert("quantization".into(), Value::Object(q));
     }
     // mlx-lm's save_config: no _name_or_path or vision_config, quantization_config mirrors

@@ -43,6 +43,10 @@ impl ModelRules for EngineRules {
     ) -> std::result::Result<(), String> {
         engine::models::sanitize(model_type, config, weights).map_err(|e| e.to_string())
     }
+
+    fn quant_override(&self, model_type: &str, path: &str) -> Option<mlx::ops::QuantSpec> {
+        engine::models::quant_override(model_type, path)
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {

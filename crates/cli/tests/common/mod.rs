@@ -217,29 +217,116 @@ pub fn deepseek_model(name: &str) -> PathBuf {
 /// (a file lock makes parallel test processes build it once).
 pub fn deepseek_models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let py = venv_python();
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for f in ["make_deepseek.py", "make_models.py", "make_tokenizer.py", "reference.py"] {
-            fnv1a(&mut h, f.as_bytes());
-            fnv1a(&mut h, &std::fs::read(oracle_dir().join(f)).unwrap_or_default());
-        }
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
-        let dir = base.join(format!("deepseek-models-{h:016x}"));
-        let marker = dir.join(".complete");
-        let lock = std::fs::File::create(base.join(format!("deepseek-models-{h:016x}.lock"))).expect("lock file");
-        lock.lock().expect("lock the DeepSeek models");
-        if !marker.exists() {
-            let out = Command::new(py)
-                .arg(oracle_dir().join("make_deepseek.py"))
-                .arg(&dir)
-                .stdin(Stdio::null())
-                .output()
-                .expect("run make_deepseek.py");
-            assert!(out.status.success(), "make_deepseek.py failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-            std::fs::write(&marker, b"").expect("write marker");
-        }
-        dir
-    })
+    DIR.get_or_init(|| script_models_dir("make_deepseek.py", &[], "deepseek-models"))
+}
+
+/// The folder of all mixture-of-experts test models (tests/oracle/make_moe.py).
+pub fn moe_models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| script_models_dir("make_moe.py", &["make_deepseek.py"], "moe-models"))
+}
+
+/// The folder of one mixture-of-experts test model (tests/oracle/make_moe.py).
+pub fn moe_model(name: &str) -> PathBuf {
+    let d = moe_models_dir().join(name);
+    assert!(d.join("config.json").is_file(), "MoE variant {name} missing from {}", moe_models_dir().display());
+    d
+}
+
+/// The models that `script` (in tests/oracle, run as `script OUTDIR`) builds, under the cargo
+/// target dir in `tag-HASH`: built once per content of the scripts that make them (`script`, the
+/// scripts it imports beyond make_models.py and make_tokenizer.py, and reference.py); a file lock
+/// makes parallel test processes build it once.
+fn script_models_dir(script: &str, imports: &[&str], tag: &str) -> PathBuf {
+    let py = venv_python();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for f in [&[script, "make_models.py", "make_tokenizer.py", "reference.py"][..], imports].concat() {
+        fnv1a(&mut h, f.as_bytes());
+        fnv1a(&mut h, &std::fs::read(oracle_dir().join(f)).unwrap_or_default());
+    }
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
+    let dir = base.join(format!("{tag}-{h:016x}"));
+    let marker = dir.join(".complete");
+    let lock = std::fs::File::create(base.join(format!("{tag}-{h:016x}.lock"))).expect("lock file");
+    lock.lock().expect("lock the test models");
+    if !marker.exists() {
+        let out = Command::new(py)
+            .arg(oracle_dir().join(script))
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run {script}: {e}"));
+        assert!(out.status.success(), "{script} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        std::fs::write(&marker, b"").expect("write marker");
+    }
+    dir
+}
+
+fn id_list(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("token id") as u32).collect()
+}
+
+/// One oracle comparison of the model folder `dir` (whose activations are float32 when `f32`):
+/// `mlx-gen generate` gives mlx-lm's greedy tokens and text for `max_tokens` tokens, and the
+/// engine's last-position prompt logits are within 1e-5 of mlx-lm's (float32; 1e-2 x the logit
+/// range otherwise). Returns the prompt's token count.
+pub fn check_against_reference(dir: &Path, f32: bool, prompt: &str, ignore_chat_template: bool, max_tokens: usize) -> usize {
+    let case = format!("{} (prompt {prompt:?}, ignore_chat_template={ignore_chat_template})", dir.display());
+    let max = max_tokens.to_string();
+    let mut args = vec!["--prompt", prompt, "--max-tokens", &max];
+    if ignore_chat_template {
+        args.push("--ignore-chat-template");
+    }
+    let out = Command::new(venv_python())
+        .arg(oracle_dir().join("reference.py"))
+        .arg("--model")
+        .arg(dir)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run reference.py");
+    assert!(out.status.success(), "{case}: reference.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("reference.py JSON");
+    let (ref_prompt, ref_tokens) = (id_list(&r["prompt_ids"]), id_list(&r["tokens"]));
+    let ref_logits: Vec<f32> = r["logits"].as_array().expect("logits").iter().map(|x| x.as_f64().unwrap() as f32).collect();
+
+    let dir_s = dir.to_str().unwrap();
+    let mut cli = vec!["generate", "--model", dir_s, "--output", "json"];
+    cli.extend(&args);
+    let o = mlx_gen(&cli, None);
+    assert!(o.status.success(), "{case}: mlx-gen failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    let o: serde_json::Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
+    assert_eq!(id_list(&o["tokens"]), ref_tokens, "{case}: generated tokens differ from mlx-lm's");
+    assert_eq!(o["text"], r["text"], "{case}: text differs from mlx-lm's");
+    assert_eq!(o["prompt_tokens"].as_u64(), Some(ref_prompt.len() as u64), "{case}: prompt_tokens");
+
+    let model = engine::LoadedModel::load(dir).unwrap_or_else(|e| panic!("{case}: load: {e:?}"));
+    let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
+    assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
+    let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
+    let tol = if f32 {
+        1e-5
+    } else {
+        let (lo, hi) = ref_logits.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        1e-2 * (hi - lo)
+    };
+    assert!(max_diff <= tol, "{case}: prompt logits differ from mlx-lm's by up to {max_diff:e} (tolerance {tol:e})");
+    eprintln!("{case}: {} tokens equal, logits max |diff| {max_diff:e}", ref_tokens.len());
+    ref_prompt.len()
+}
+
+/// tests/oracle/convert_compare.py: the two model folders are equal tensor for tensor (names,
+/// dtypes, shapes, bytes), with equal config.json and weight maps.
+pub fn assert_same_model_folder(ours: &Path, theirs: &Path) {
+    let out = Command::new(venv_python())
+        .arg(oracle_dir().join("convert_compare.py"))
+        .args([ours, theirs])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run convert_compare.py");
+    assert!(out.status.success(), "convert_compare.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("convert_compare.py JSON");
+    assert_eq!(v["ok"], true, "{} vs {}: {}", ours.display(), theirs.display(), v["problems"]);
+    assert!(v["tensors"].as_u64().unwrap_or(0) > 0);
 }

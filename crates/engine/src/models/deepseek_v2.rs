@@ -4,12 +4,12 @@
 //! the shared RoPE key) and values, as mlx-lm's; YaRN rope; the first `first_k_dense_replace`
 //! layers dense, then mixture-of-experts layers (softmax routing, optionally group-limited, plus
 //! shared experts).
-use super::stack::{Arch, Block, FeedForward, Part, Stack, StackDims};
+use super::stack::{Arch, Block, Part, Stack, StackDims};
 use super::Model;
 use crate::cache::{quantized_sdpa, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
 use crate::nn::mla::{MlaProjections, MlaSpec};
-use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
+use crate::nn::moe::{stack_experts, Ffn, Gate, GluMlp, GroupScore, Routing};
 use crate::nn::{Linear, QuantConfig, Rope, RopeScaling};
 use crate::shard::ShardMode;
 use checkpoint::{Vb, Weights};
@@ -133,40 +133,6 @@ impl Attention {
     }
 }
 
-/// `MoEGate`: softmax scores, optional group-limited selection, top-k, scaled.
-#[derive(Clone)]
-struct Gate {
-    weight: Array, // (experts, hidden)
-    top_k: i32,
-    groups: Option<(i32, i32)>, // (n_group, topk_group) with topk_method "group_limited_greedy"
-    routed_scaling_factor: f64,
-}
-
-impl Router for Gate {
-    /// x (B, L, hidden) -> expert indices and weights, each (B, L, top_k).
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        let gates = x.matmul(&self.weight.t()?)?;
-        let mut scores = gates.softmax(&[-1], true)?;
-        if let Some((n_group, topk_group)) = self.groups {
-            let (b, l) = (x.dim(0), x.dim(1));
-            scores = scores.reshape(&[b, l, n_group, -1])?;
-            let group_scores = scores.max(&[-1], true)?;
-            let k = n_group - topk_group;
-            let group_idx = group_scores.argpartition(k - 1, -2)?.slice_axis(-2, 0, k)?;
-            let zero = Array::scalar(0.0, scores.dtype())?;
-            scores = scores.put_along_axis(&group_idx, &zero, -2)?.reshape(&[b, l, -1])?;
-        }
-        let k = self.top_k;
-        let inds = scores.neg()?.argpartition(k - 1, -1)?.slice_axis(-1, 0, k)?;
-        let scores = scores.take_along_axis(&inds, -1)?.mul_scalar(self.routed_scaling_factor)?;
-        Ok((inds, scores))
-    }
-
-    fn arrays(&self) -> Vec<&Array> {
-        vec![&self.weight]
-    }
-}
-
 impl Part for Attention {
     fn arrays(&self) -> Vec<&Array> {
         let mut v = self.proj.arrays();
@@ -176,22 +142,6 @@ impl Part for Attention {
 
     fn shard(&self, group: &Group) -> Result<Attention> {
         Attention::shard(self, group)
-    }
-}
-
-impl<R: Router> Part for Ffn<R> {
-    fn arrays(&self) -> Vec<&Array> {
-        Ffn::arrays(self)
-    }
-
-    fn shard(&self, group: &Group) -> Result<Ffn<R>> {
-        Ffn::shard(self, group)
-    }
-}
-
-impl<R: Router> FeedForward for Ffn<R> {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        Ffn::forward(self, x)
     }
 }
 
@@ -228,13 +178,15 @@ fn load_moe(vb: &Vb<'_>, c: &Config, q: &QuantConfig) -> Result<Ffn<Gate>> {
     let top_k = c.num_experts_per_tok.ok_or_else(|| EngineError::Config("num_experts_per_tok is missing".into()))?;
     let groups = if c.topk_method == "group_limited_greedy" {
         match (c.n_group, c.topk_group) {
-            (Some(g), Some(t)) if g > 0 && experts % g == 0 => Some((g, t)),
+            (Some(g), Some(t)) if g > 0 && experts % g == 0 => Some((g, t, GroupScore::Max)),
             _ => return Err(EngineError::Config("group_limited_greedy needs n_group dividing the experts and topk_group".into())),
         }
     } else {
         None
     };
-    let gate = Gate { weight: vb.get("gate.weight", &[experts, c.hidden_size])?, top_k, groups, routed_scaling_factor: c.routed_scaling_factor };
+    // MoEGate: softmax scores, optionally group-limited, top-k, scaled.
+    let routing = Routing { groups, scaling: Some(c.routed_scaling_factor), ..Routing::softmax_top_k(top_k) };
+    let gate = Gate::load_float(vb, c.hidden_size, experts, routing, false)?;
     Ffn::moe(vb, gate, c.hidden_size, c.moe_intermediate_size, experts, c.n_shared_experts, q)
 }
 

@@ -10,18 +10,18 @@ use super::Model;
 use crate::cache::{create_causal_mask, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
 use crate::nn::mla::{MlaProjections, MlaSpec, MultiLinear};
-use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
+use crate::nn::moe::{stack_experts, Ffn, Gate, GluMlp, GroupScore, Routing, Scoring};
 use crate::nn::{QuantConfig, Rope, RopeScaling};
 use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::fast::Mask;
 use mlx::ops::{self, QuantSpec};
-use mlx::{Array, Dtype};
+use mlx::Array;
 use serde::Deserialize;
 
 /// The fields of deepseek_v3.py's `ModelArgs` that V2's lacks (the rest read as [`V2Config`]).
 #[derive(Debug, Deserialize)]
-struct Routing {
+struct V3Fields {
     norm_topk_prob: bool,
     n_group: i32,
     topk_group: i32,
@@ -95,47 +95,6 @@ impl Attention {
     }
 }
 
-/// `MoEGate` and the compiled `group_expert_select`.
-#[derive(Clone)]
-struct Gate {
-    weight: Array,                  // (experts, hidden)
-    e_score_correction_bias: Array, // (experts,)
-    top_k: i32,
-    n_group: i32,
-    topk_group: i32,
-    routed_scaling_factor: f64,
-    norm_topk_prob: bool,
-}
-
-impl Router for Gate {
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        let gates = x.matmul(&self.weight.t()?)?;
-        let orig_scores = gates.astype(Dtype::F32)?.sigmoid()?;
-        let mut scores = orig_scores.add(&self.e_score_correction_bias)?;
-        if self.n_group > 1 {
-            let mut shape = scores.shape();
-            shape.pop();
-            scores = scores.reshape(&[shape.clone(), vec![self.n_group, -1]].concat())?;
-            let group_scores = scores.topk(2, -1)?.sum(&[-1], true)?;
-            let k = self.n_group - self.topk_group;
-            let group_idx = group_scores.argpartition(k - 1, -2)?.slice_axis(-2, 0, k)?;
-            scores = scores.put_along_axis(&group_idx, &Array::scalar(0.0, Dtype::F32)?, -2)?;
-            scores = scores.reshape(&[shape, vec![-1]].concat())?;
-        }
-        let k = self.top_k;
-        let inds = scores.neg()?.argpartition(k - 1, -1)?.slice_axis(-1, 0, k)?;
-        let mut scores = orig_scores.take_along_axis(&inds, -1)?;
-        if k > 1 && self.norm_topk_prob {
-            scores = scores.div(&scores.sum(&[-1], true)?)?;
-        }
-        Ok((inds, scores.mul_scalar(self.routed_scaling_factor)?))
-    }
-
-    fn arrays(&self) -> Vec<&Array> {
-        vec![&self.weight, &self.e_score_correction_bias]
-    }
-}
-
 impl Part for Attention {
     fn arrays(&self) -> Vec<&Array> {
         let mut v = self.proj.arrays();
@@ -185,7 +144,8 @@ impl Arch for DeepseekV3 {
 
 /// sanitize's `kv_b_proj` split: per head, the no-RoPE key rows transposed into `embed_q` and the
 /// value rows into `unembed_out` (dequantized first and quantized again alike when quantized).
-fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
+/// Also mistral4's.
+pub(super) fn split_kv_b(weights: &mut Weights, prefix: &str, c: &MlaSpec) -> Result<()> {
     let Some(mut v) = weights.remove(&format!("{prefix}.kv_b_proj.weight")) else { return Ok(()) };
     let mut spec = None;
     if weights.contains(&format!("{prefix}.kv_b_proj.scales")) {
@@ -198,7 +158,7 @@ fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
         spec = Some(q);
     }
     let nope = c.qk_nope_head_dim;
-    let v = v.reshape(&[c.num_attention_heads, nope + c.v_head_dim, -1])?;
+    let v = v.reshape(&[c.n_heads, nope + c.v_head_dim, -1])?;
     let wk = v.slice_axis(1, 0, nope)?.swapaxes(-1, -2)?.contiguous()?;
     let wv = v.slice_axis(1, nope, i32::MAX)?.contiguous()?;
     for (name, w) in [("embed_q", wk), ("unembed_out", wv)] {
@@ -216,24 +176,24 @@ fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &Routing, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Block<Attention, Ffn<Gate>>> {
+fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &V3Fields, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Block<Attention, Ffn<Gate>>> {
     let a = l.pp("self_attn");
     let (d, h) = (c.hidden_size, c.num_attention_heads);
     let mlp = if is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
         let m = l.pp("mlp");
         let experts = c.n_routed_experts.unwrap_or(0);
-        if r.n_group > 1 && (experts % r.n_group != 0) {
-            return Err(EngineError::Config(format!("n_group {} does not divide {experts} experts", r.n_group)));
-        }
-        let gate = Gate {
-            weight: m.get("gate.weight", &[experts, d])?,
-            e_score_correction_bias: m.get("gate.e_score_correction_bias", &[experts])?,
-            top_k: r.num_experts_per_tok,
-            n_group: r.n_group,
-            topk_group: r.topk_group,
-            routed_scaling_factor: c.routed_scaling_factor,
-            norm_topk_prob: r.norm_topk_prob,
+        // MoEGate and the compiled group_expert_select: sigmoid scores in float32 plus the
+        // correction bias choose (group-limited), the uncorrected scores weigh, normalised, scaled.
+        let k = r.num_experts_per_tok;
+        let routing = Routing {
+            scoring: Scoring::Sigmoid,
+            float32: true,
+            groups: (r.n_group > 1).then_some((r.n_group, r.topk_group, GroupScore::TopTwoSum)),
+            normalize: k > 1 && r.norm_topk_prob,
+            scaling: Some(c.routed_scaling_factor),
+            ..Routing::softmax_top_k(k)
         };
+        let gate = Gate::load_float(&m, d, experts, routing, true)?;
         Ffn::moe(&m, gate, d, c.moe_intermediate_size, experts, c.n_shared_experts, q)?
     } else {
         Ffn::Dense(GluMlp::load(&l.pp("mlp"), d, c.intermediate_size, q)?)
@@ -259,7 +219,7 @@ fn rope_for(dims: i32, base: f64, scaling: Option<&RopeScaling>) -> Result<Rope>
 
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
     let c: V2Config = parse(config, v3_defaults())?;
-    let r: Routing = parse(config, v3_defaults())?;
+    let r: V3Fields = parse(config, v3_defaults())?;
     if r.topk_method != "noaux_tc" {
         return Err(EngineError::Config(format!("topk_method {:?} is not supported (mlx-lm: noaux_tc)", r.topk_method)));
     }
@@ -271,7 +231,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     super::hf_quant::sanitize(weights)?;
     for i in 0..c.num_hidden_layers {
         stack_experts(weights, &format!("model.layers.{i}.mlp"), c.n_routed_experts.unwrap_or(0))?;
-        split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &c)?;
+        split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &spec)?;
     }
     weights.drop_where(|n| n.starts_with("model.layers.61") || n.contains("rotary_emb.inv_freq"));
     let vb = weights.view("model");

@@ -2,7 +2,7 @@
 //! 0.32.2's `deepseek_v3.py` `sanitize` does: compressed-tensors int4 (`weight_packed` +
 //! `weight_scale` + `weight_shape`, Kimi-K2 style) becomes MLX affine 4-bit, and FP8 weights
 //! (`float8_e4m3fn`, read from safetensors as uint8) with 128x128 `weight_scale_inv` block scales
-//! are dequantized to bfloat16.
+//! are dequantized to bfloat16 (and mistral4.py's variant, whose scales may also broadcast).
 use crate::error::{EngineError, Result};
 use checkpoint::Weights;
 use mlx::{Array, Dtype};
@@ -20,7 +20,7 @@ pub fn sanitize(weights: &mut Weights) -> Result<()> {
 /// per word, low bits first) read as uint32 into `X.weight`, `X.weight_scale` into `X.scales`, and
 /// `X.biases = -8 * scales`. As mlx-lm, every other `*weight_scale` / `*weight_packed` tensor is
 /// dropped and `X.weight_shape` is not kept.
-fn remap_packed_int4(weights: &mut Weights) -> Result<()> {
+pub fn remap_packed_int4(weights: &mut Weights) -> Result<()> {
     let names = weights.names();
     let mut made = Vec::new();
     for k in &names {
@@ -63,6 +63,34 @@ fn dequantize_fp8(weights: &mut Weights) -> Result<()> {
         let scale_inv = weights.remove(&k).expect("listed by names()");
         let weight = weights.remove(&wk).ok_or_else(|| EngineError::missing_tensor(wk.clone()))?;
         weights.insert(wk.clone(), dequantize_blocks(&wk, &weight, &scale_inv)?);
+    }
+    Ok(())
+}
+
+/// mistral4.py's FP8 pass: `*activation_scale` tensors dropped; every `X_scale_inv` dequantizes
+/// `X` (the name without `_scale_inv`: `...weight`, or fused experts' `experts.down_proj`) to
+/// bfloat16, by broadcasting where the scale broadcasts against it (per tensor, or per expert
+/// (E, 1, 1)), else by 128x128 blocks.
+pub fn dequantize_fp8_broadcasting(weights: &mut Weights) -> Result<()> {
+    weights.drop_where(|k| k.ends_with("activation_scale"));
+    for k in weights.names() {
+        if !k.ends_with("_scale_inv") {
+            continue;
+        }
+        let wk = k.replace("_scale_inv", "");
+        let scale_inv = weights.remove(&k).expect("listed by names()");
+        let weight = weights.remove(&wk).ok_or_else(|| EngineError::missing_tensor(wk.clone()))?;
+        let (s, w) = (scale_inv.shape(), weight.shape());
+        let broadcasts = s.len() <= w.len() && s.iter().rev().zip(w.iter().rev()).all(|(a, b)| *a == 1 || a == b);
+        let out = if broadcasts {
+            if weight.dtype() != Dtype::U8 {
+                return Err(EngineError::Invalid(format!("{wk} has {k} but is {}, not float8_e4m3 (F8_E4M3)", weight.dtype().name())));
+            }
+            weight.from_fp8(Dtype::BF16)?.mul(&scale_inv)?.astype(Dtype::BF16)?
+        } else {
+            dequantize_blocks(&wk, &weight, &scale_inv)?
+        };
+        weights.insert(wk, out);
     }
     Ok(())
 }
@@ -111,6 +139,21 @@ mod tests {
             let scale = if (i as i32) / n < BLOCK { 2.0 } else { 0.25 };
             assert_eq!(*x, base[i % 4] * scale, "element {i}");
         }
+    }
+
+    /// mistral4's pass: a per-expert (E, 1, 1) scale broadcasts, `activation_scale` is dropped.
+    #[test]
+    fn per_expert_scales_broadcast_and_activation_scales_go() {
+        let mut map = std::collections::HashMap::new();
+        map.insert("e.down_proj".to_owned(), Array::from_bytes(&[0x38u8; 8], &[2, 2, 2], Dtype::U8).unwrap());
+        map.insert("e.down_proj_scale_inv".to_owned(), Array::from_slice(&[2.0f32, 0.5], &[2, 1, 1]).unwrap());
+        map.insert("q.activation_scale".to_owned(), Array::from_slice(&[1.0f32], &[1]).unwrap());
+        let mut w = Weights::from_map(map);
+        dequantize_fp8_broadcasting(&mut w).unwrap();
+        assert_eq!(w.names(), ["e.down_proj"]);
+        let out = w.remove("e.down_proj").unwrap();
+        assert_eq!(out.dtype(), Dtype::BF16);
+        assert_eq!(out.astype(Dtype::F32).unwrap().to_vec::<f32>().unwrap(), [2.0, 2.0, 2.0, 2.0, 0.5, 0.5, 0.5, 0.5]);
     }
 
     #[test]

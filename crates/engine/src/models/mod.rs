@@ -3,8 +3,12 @@ pub mod deepseek_v2;
 pub mod deepseek_v3;
 mod hf_quant;
 pub mod llama;
+pub mod mistral4;
+pub mod mixtral;
 pub mod qwen2;
+pub mod qwen2_moe;
 pub mod qwen3;
+pub mod qwen3_moe;
 mod stack;
 mod transformer;
 
@@ -88,11 +92,30 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", qwen3::load),
     ("deepseek_v2", deepseek_v2::load),
     ("deepseek_v3", deepseek_v3::load),
+    ("qwen2_moe", qwen2_moe::load),
+    ("qwen3_moe", qwen3_moe::load),
+    ("mixtral", mixtral::load),
+    ("mistral4", mistral4::load),
 ];
 
 /// mlx-lm's `Model.sanitize` for a Hugging Face float checkpoint of `model_type`, as `mlx-gen
 /// convert` applies it before writing (the CLI hands it to `formats::convert` as its `ModelRules`).
 pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::Value>, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    // The mixture-of-experts files' own `sanitize`, which also stacks the experts.
+    type Sanitize = fn(&serde_json::Value, &mut Weights) -> Result<()>;
+    let own: Option<Sanitize> = match model_type {
+        "qwen2_moe" => Some(qwen2_moe::sanitize),
+        "qwen3_moe" => Some(qwen3_moe::sanitize),
+        "mixtral" => Some(mixtral::sanitize),
+        "mistral4" => Some(mistral4::sanitize),
+        _ => None,
+    };
+    if let Some(f) = own {
+        let mut w = Weights::from_map(std::mem::take(weights).into_iter().collect());
+        f(&serde_json::Value::Object(config.clone()), &mut w)?;
+        *weights = w.into_map().into_iter().collect();
+        return Ok(());
+    }
     // Whether the head is tied when config.json does not say (the architecture's default).
     let tie_default = match model_type {
         "llama" | "mistral" | "qwen2" => Some(true),
@@ -100,7 +123,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4".into(),
             })
         }
     };
@@ -114,6 +137,15 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         weights.remove("lm_head.weight");
     }
     Ok(())
+}
+
+/// The architecture's own quantization of the layer at `path` when converting (mlx-lm's
+/// per-model `quant_predicate`); `None`: the conversion's.
+pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpec> {
+    match model_type {
+        "qwen3_moe" => qwen3_moe::quant_override(path),
+        _ => None,
+    }
 }
 
 /// Every `model_type` the registry loads.

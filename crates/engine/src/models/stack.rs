@@ -5,6 +5,7 @@
 use super::{check_caches, default_caches, Model};
 use crate::cache::KvCache;
 use crate::error::Result;
+use crate::nn::moe::{Ffn, Router};
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm};
 use crate::pipeline::Stage;
 use checkpoint::{Vb, Weights};
@@ -22,6 +23,22 @@ pub(crate) trait Part: Clone {
 /// The feed-forward part of a block: x (B, L, hidden) -> (B, L, hidden).
 pub(crate) trait FeedForward: Part {
     fn forward(&self, x: &Array) -> Result<Array>;
+}
+
+impl<R: Router> Part for Ffn<R> {
+    fn arrays(&self) -> Vec<&Array> {
+        Ffn::arrays(self)
+    }
+
+    fn shard(&self, group: &Group) -> Result<Ffn<R>> {
+        Ffn::shard(self, group)
+    }
+}
+
+impl<R: Router> FeedForward for Ffn<R> {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        Ffn::forward(self, x)
+    }
 }
 
 /// What one architecture adds to the skeleton.

@@ -1,5 +1,6 @@
-//! The dense decoder-only transformer that Llama, Mistral, Qwen2 and Qwen3 share: embedding,
-//! pre-norm blocks (attention + SwiGLU MLP, residuals), final norm and a tied or separate head.
+//! The decoder-only transformer that Llama, Mistral, Qwen2 and Qwen3 share: embedding, pre-norm
+//! blocks (grouped-query attention + SwiGLU MLP, residuals), final norm and a tied or separate
+//! head; qwen2_moe, qwen3_moe and mixtral swap in their own feed-forward layers ([`load_with`]).
 //! Each architecture file only reads its config into a [`DecoderSpec`]; the skeleton is
 //! [`super::stack`]'s.
 use super::stack::{Arch, Block, FeedForward, Part, Stack, StackDims};
@@ -7,7 +8,7 @@ use crate::cache::{CacheMask, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::{Attention, AttentionSpec, Linear, QuantConfig, Rope};
 use crate::shard::ShardMode;
-use checkpoint::Weights;
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::Array;
 
@@ -55,7 +56,7 @@ pub(crate) struct Mlp {
 }
 
 impl Mlp {
-    fn load(vb: &checkpoint::Vb<'_>, d: i32, ff: i32, bias: bool, q: &QuantConfig) -> Result<Mlp> {
+    fn load(vb: &Vb<'_>, d: i32, ff: i32, bias: bool, q: &QuantConfig) -> Result<Mlp> {
         let gate = Linear::load(&vb.pp("gate_proj"), d, ff, bias, q)?;
         let up = Linear::load(&vb.pp("up_proj"), d, ff, bias, q)?;
         let fused = if crate::nn::fused_projections() { Linear::fuse(&[&gate, &up])? } else { None };
@@ -105,9 +106,11 @@ impl Mlp {
     }
 }
 
-/// The dense architecture's part of the model (see [`super::stack::Arch`]).
-pub(crate) struct Dense {
+/// The dense architecture's part of the model (see [`super::stack::Arch`]), with feed-forward
+/// layers `F`: the dense MLP, or the mixture-of-experts ones of qwen2_moe, qwen3_moe and mixtral.
+pub(crate) struct Dense<F = Mlp> {
     spec: DecoderSpec,
+    ffn: std::marker::PhantomData<fn() -> F>,
 }
 
 impl Part for Attention {
@@ -138,6 +141,19 @@ impl FeedForward for Mlp {
 
 /// Loads the weights named as in Hugging Face / mlx-lm checkpoints (`model.layers.N...`).
 pub(crate) fn load(spec: DecoderSpec, rope: Rope, weights: &Weights, q: &QuantConfig) -> Result<Stack<Dense>> {
+    let (ff, bias) = (spec.intermediate_size, spec.mlp_bias);
+    load_with(spec, rope, weights, q, |l, _, d| Mlp::load(&l.pp("mlp"), d, ff, bias, q))
+}
+
+/// As [`load`], with each layer's feed-forward part made by `ffn(layer, index, hidden)` from the
+/// layer's weights (`model.layers.N`).
+pub(crate) fn load_with<F: FeedForward + 'static>(
+    spec: DecoderSpec,
+    rope: Rope,
+    weights: &Weights,
+    q: &QuantConfig,
+    ffn: impl Fn(&Vb<'_>, i32, i32) -> Result<F>,
+) -> Result<Stack<Dense<F>>> {
     let a = &spec.attention;
     if a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.head_dim <= 0 {
         return Err(EngineError::Config(format!(
@@ -146,21 +162,21 @@ pub(crate) fn load(spec: DecoderSpec, rope: Rope, weights: &Weights, q: &QuantCo
         )));
     }
     let vb = weights.view("model");
-    let (d, ff) = (a.hidden, spec.intermediate_size);
+    let d = a.hidden;
     let mut layers = Vec::with_capacity(spec.num_layers.max(0) as usize);
     for i in (0..spec.num_layers).filter(|&i| weights.loads_layer(i)) {
         let l = vb.pp("layers").pp(i);
         let self_attn = Attention::load(&l.pp("self_attn"), a, rope.clone(), q)?;
-        let mlp = Mlp::load(&l.pp("mlp"), d, ff, spec.mlp_bias, q)?;
+        let mlp = ffn(&l, i, d)?;
         layers.push(Block::load(&l, self_attn, mlp, d, spec.rms_norm_eps)?);
     }
     let dims = StackDims { vocab_size: spec.vocab_size, hidden: d, rms_norm_eps: spec.rms_norm_eps, tie_word_embeddings: spec.tie_word_embeddings };
-    Stack::load(Dense { spec }, layers, dims, weights, q)
+    Stack::load(Dense { spec, ffn: std::marker::PhantomData }, layers, dims, weights, q)
 }
 
-impl Arch for Dense {
+impl<F: FeedForward + 'static> Arch for Dense<F> {
     type Attn = Attention;
-    type Ffn = Mlp;
+    type Ffn = F;
     /// The full-attention mask and the sliding-window one.
     type Masks = (CacheMask, CacheMask);
 

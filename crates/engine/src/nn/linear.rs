@@ -31,6 +31,11 @@ impl Linear {
         Ok(Linear { kind, bias, reduce: None })
     }
 
+    /// A float layer from its weight (out, in) and optional bias (out,).
+    pub fn float(weight: Array, bias: Option<Array>) -> Linear {
+        Linear { kind: Kind::Float(weight), bias, reduce: None }
+    }
+
     /// One layer computing `parts` side by side (their outputs concatenated), when they are stored
     /// alike (all float, or all quantized with the same bits and group size); evaluated at once so
     /// the separate weights can be freed. Each output element is the same dot product as before.
