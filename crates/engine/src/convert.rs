@@ -148,13 +148,21 @@ fn load_weights(dir: &Path) -> Result<BTreeMap<String, Array>> {
 
 /// The weights mlx-lm's model keeps after its `sanitize` (llama, mistral, qwen2, qwen3).
 fn sanitize(model_type: &str, config: &Map<String, Value>, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    let cfg = || Value::Object(config.clone());
+    match model_type {
+        "ministral3" => return crate::models::ministral3::sanitize(&cfg(), weights),
+        "mistral3" => return crate::models::mistral3::sanitize(&cfg(), weights),
+        "llama4" => return crate::models::llama4::sanitize(&cfg(), weights),
+        "llama4_text" => return Ok(()), // llama4_text.py has no sanitize
+        _ => {}
+    }
     let tie_default = match model_type {
         "llama" | "mistral" | "qwen2" => Some(true),
         "qwen3" => None,
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3".into(),
+                supported: "llama, mistral, qwen2, qwen3, ministral3, mistral3, llama4, llama4_text".into(),
             })
         }
     };
@@ -217,8 +225,9 @@ pub fn convert_folder(
             Some(d) if w.dtype().is_float() => w.astype(d)?,
             _ => w,
         };
-        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures).
-        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2);
+        // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures) and
+        // the experts' SwitchLinear layers (3-D, llama4).
+        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2 || (w.ndim() == 3 && name.contains(".experts.")));
         let quantize = opts.quantize && w.dim(-1) % opts.q_group_size == 0;
         match layer.filter(|_| quantize) {
             Some(layer) => {

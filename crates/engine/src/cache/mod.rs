@@ -1,6 +1,7 @@
 //! KV caches behind one trait, chosen per layer by the model. Keys and values are stored after
 //! RoPE, shaped (B, kv_heads, positions, head_dim).
 mod batch;
+mod chunked;
 mod file;
 mod growing;
 mod mask;
@@ -11,6 +12,7 @@ mod rotating;
 mod tests;
 
 pub use batch::BatchCache;
+pub use chunked::ChunkedCache;
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
 pub use growing::GrowingCache;
 pub use mask::{create_attention_mask, create_causal_mask, CacheMask};

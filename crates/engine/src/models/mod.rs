@@ -3,6 +3,10 @@ pub mod deepseek_v2;
 pub mod deepseek_v3;
 mod hf_quant;
 pub mod llama;
+pub mod llama4;
+pub mod llama4_text;
+pub mod ministral3;
+pub mod mistral3;
 pub mod qwen2;
 pub mod qwen3;
 mod stack;
@@ -15,6 +19,7 @@ use crate::error::{EngineError, Result};
 use crate::nn::QuantConfig;
 use crate::weights::Weights;
 use mlx::Array;
+use std::collections::BTreeMap;
 
 /// A loaded language model.
 pub trait Model: Send {
@@ -77,6 +82,19 @@ pub(crate) fn default_true() -> bool {
     true
 }
 
+/// Python truthiness of a config value (`if x:`).
+pub(crate) fn truthy(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
 type Loader = fn(&serde_json::Value, &mut Weights, &QuantConfig) -> Result<Box<dyn Model>>;
 
 /// `model_type` -> loader; aliases as in mlx-lm (`mistral` is llama).
@@ -87,10 +105,38 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", qwen3::load),
     ("deepseek_v2", deepseek_v2::load),
     ("deepseek_v3", deepseek_v3::load),
+    ("ministral3", ministral3::load),
+    ("mistral3", mistral3::load),
+    ("llama4_text", llama4_text::load),
+    ("llama4", llama4::load),
 ];
 
 pub fn supported_model_types() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()
+}
+
+/// The architecture `model_type` from `config` (a wrapper's text model, say), not yet checked for
+/// unused tensors.
+pub(crate) fn load_as(model_type: &str, config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
+    let (_, loader) = REGISTRY.iter().find(|(name, _)| *name == model_type).ok_or_else(|| {
+        EngineError::UnsupportedModel { found: model_type.to_owned(), supported: supported_model_types().join(", ") }
+    })?;
+    loader(config, weights, q)
+}
+
+/// Runs a `sanitize` written over a name -> tensor map (as `convert` calls it) on the checkpoint.
+pub(crate) fn sanitize_weights(weights: &mut Weights, f: impl FnOnce(&mut BTreeMap<String, Array>) -> Result<()>) -> Result<()> {
+    let mut map = BTreeMap::new();
+    for name in weights.names() {
+        if let Some(a) = weights.remove(&name) {
+            map.insert(name, a);
+        }
+    }
+    f(&mut map)?;
+    for (name, a) in map {
+        weights.insert(name, a);
+    }
+    Ok(())
 }
 
 /// Builds the architecture named by `config["model_type"]` from the checkpoint, strictly: every
@@ -100,11 +146,8 @@ pub fn build(config: &serde_json::Value, mut weights: Weights) -> Result<Box<dyn
         .get("model_type")
         .and_then(|t| t.as_str())
         .ok_or_else(|| EngineError::Config("no model_type".into()))?;
-    let (_, loader) = REGISTRY.iter().find(|(name, _)| *name == model_type).ok_or_else(|| {
-        EngineError::UnsupportedModel { found: model_type.to_owned(), supported: supported_model_types().join(", ") }
-    })?;
     let q = QuantConfig::from_config(config)?;
-    let model = loader(config, &mut weights, &q)?;
+    let model = load_as(model_type, config, &mut weights, &q)?;
     weights.finish()?;
     Ok(model)
 }
