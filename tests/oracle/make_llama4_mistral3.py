@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from make_models import make_tokenizer, tokenizer_info  # noqa: E402
 
-H, HEADS, KV, HD, INTER = 64, 4, 2, 16, 96
+H, HEADS, KV, HD, INTER = 64, 4, 2, 32, 96
 FLOAT = ["ministral3-f32", "mistral3-f32", "llama4_text-f32", "llama4-f32"]
 
 

@@ -105,6 +105,7 @@ impl<'m> BatchEngine<'m> {
         }
         params.sampler.validate()?;
         params.sampler.validate_vocab(self.model.vocab_size())?;
+        check_batchable(self.model)?;
         let n_layers = self.layers;
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
             Some((n, kv)) if n > 0 && kv.len() == n_layers => {
@@ -286,6 +287,22 @@ impl<'m> BatchEngine<'m> {
         let tokens = ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?;
         Ok(Pending { tokens, logprobs: lps })
     }
+}
+
+/// The batch holds plain KV caches (mlx-lm's `BatchKVCache`) only: a model whose own caches are
+/// rotating (sliding-window layers) or chunked (Llama 4) is refused with its cache kind named
+/// (mlx-lm cannot merge a `ChunkedKVCache` into a batch either).
+pub fn check_batchable(model: &dyn Model) -> Result<()> {
+    for c in model.make_cache() {
+        let (class, _) = c.saved_state()?;
+        if class != "KVCache" {
+            return Err(EngineError::Invalid(format!(
+                "continuous batching is not supported for model_type {}: its layers use {class} caches",
+                model.model_type()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass.

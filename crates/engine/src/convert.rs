@@ -212,6 +212,9 @@ pub fn convert_folder(
     }
     let mut weights = load_weights(src)?;
     sanitize(&model_type, &config, &mut weights)?;
+    if model_type == "mistral3" {
+        crate::models::mistral3::update_config(&mut config);
+    }
     let dtype = target_dtype(opts, &config);
     let spec = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
 

@@ -243,3 +243,28 @@ pub fn deepseek_models_dir() -> &'static Path {
         dir
     })
 }
+
+/// The folder of test models that `script` (in tests/oracle, run as `script OUTDIR`) builds, once
+/// per content of the scripts it depends on (a file lock makes parallel test processes build it
+/// once); panics with the script's output when it fails.
+pub fn script_models_dir(script: &str) -> PathBuf {
+    let py = venv_python();
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for f in [script, "make_models.py", "make_tokenizer.py", "reference.py"] {
+        fnv1a(&mut h, f.as_bytes());
+        fnv1a(&mut h, &std::fs::read(oracle_dir().join(f)).unwrap_or_default());
+    }
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&base).expect("create CARGO_TARGET_TMPDIR");
+    let stem = script.trim_end_matches(".py");
+    let dir = base.join(format!("{stem}-{h:016x}"));
+    let marker = dir.join(".complete");
+    let lock = std::fs::File::create(base.join(format!("{stem}-{h:016x}.lock"))).expect("lock file");
+    lock.lock().expect("lock the test models");
+    if !marker.exists() {
+        let out = Command::new(py).arg(oracle_dir().join(script)).arg(&dir).stdin(Stdio::null()).output().expect("run the model maker");
+        assert!(out.status.success(), "{script} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        std::fs::write(&marker, b"").expect("write marker");
+    }
+    dir
+}

@@ -24,6 +24,14 @@ fn text_config(config: &Value) -> Result<Value> {
     Ok(text)
 }
 
+/// mistral3.py's `__post_init__` sets `text_config.tie_word_embeddings` in the config dict itself,
+/// so `mlx_lm.convert` saves it: the same for `convert`.
+pub fn update_config(config: &mut serde_json::Map<String, Value>) {
+    if let Some(Value::Object(text)) = config.get_mut("text_config") {
+        text.entry("tie_word_embeddings").or_insert(Value::Bool(false));
+    }
+}
+
 /// The text model's `model_type` as mistral3.py dispatches on it.
 fn text_type(text: &Value) -> &str {
     match text.get("model_type").and_then(Value::as_str) {
