@@ -247,3 +247,26 @@ fn refusals() {
     common::assert_error(&o, 1, &["1 expert per token"]);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `chat` over several turns: mistral3's default caches are trimmed back to the common prefix and
+/// reused; ministral3's rotating caches (past their window) and llama4's chunked ones (past their
+/// chunk) cannot be trimmed back, so each turn starts over rather than failing.
+#[test]
+fn chat_turns() {
+    for (v, reuses) in [("mistral3-f32", true), ("ministral3-f32", false), ("llama4-f32", false)] {
+        let dir = models().join(v);
+        let args = ["chat", "--device", "cpu", "--model", dir.to_str().unwrap(), "--max-tokens", "8", "--verbose"];
+        let o = common::mlx_gen(&args, Some(b"hello there\nwhat now\nand then?\n"));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{v}: chat failed:\n{stderr}");
+        let all = format!("{}{stderr}", String::from_utf8_lossy(&o.stdout));
+        let reused: Vec<usize> = all
+            .lines()
+            .filter_map(|l| l.split(" tokens processed, ").nth(1))
+            .map(|r| r.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(reused.len(), 3, "{v}: want one --verbose line per turn:\n{all}");
+        assert_eq!(reused[0], 0, "{v}: the first turn has nothing cached");
+        assert_eq!(reused[1..].iter().all(|&r| r > 0), reuses, "{v}: reused {reused:?}");
+    }
+}

@@ -96,6 +96,10 @@ impl KvCache for ChunkedCache {
         Ok(out)
     }
 
+    fn first_position(&self) -> i32 {
+        self.start_position
+    }
+
     fn trim(&mut self, n: i32) -> Result<i32> {
         let n = n.min(self.offset - self.start_position).max(0);
         self.offset -= n;

@@ -71,6 +71,11 @@ pub trait KvCache: Send {
     fn is_trimmable(&self) -> bool {
         true
     }
+    /// The first position the cache still holds: 0 unless it drops old positions from its front
+    /// (a chunked cache past its chunk; a rotating one says so through [`KvCache::window`]).
+    fn first_position(&self) -> i32 {
+        0
+    }
     /// Forgets the last `n` positions; returns how many were dropped. Errors where it cannot work.
     fn trim(&mut self, n: i32) -> Result<i32>;
     /// The attention mask for the next `n` positions (mlx-lm's `cache.make_mask`).
