@@ -16,7 +16,9 @@ Float variants are written Hugging Face style (float32):
     chunk size 8, 1 global no-RoPE layer), MoE (4 experts + shared expert) on every second layer
     with Hugging Face's fused `experts.gate_up_proj` / `experts.down_proj`, q/k norms, llama3 rope
     scaling, temperature tuning with floor_scale 8, a vision tensor that mlx-lm drops.
-Each gets a 4-bit (group 32) float32 copy made by mlx-lm's own `mlx_lm.convert` (NAME-q4).
+Each gets a 4-bit (group 32) float32 copy made by mlx-lm's own `mlx_lm.convert` (NAME-q4);
+mistral3 and llama4 also a mixed one (NAME-mixed: layer 1's feed-forward part, experts included, at
+8 bits, the head left float: per-layer entries in `quantization` named under `language_model.`).
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
@@ -137,6 +139,12 @@ def weights(name, vocab, real_vocab):
     return w
 
 
+def mixed_predicate(path, module):
+    if ".layers.1." in path and (".mlp." in path or ".feed_forward." in path):
+        return {"group_size": 32, "bits": 8, "mode": "affine"}
+    return not path.endswith("lm_head")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
@@ -172,6 +180,14 @@ def main():
         with contextlib.redirect_stdout(io.StringIO()):
             convert(str(d), str(outdir / q), quantize=True, q_bits=4, q_group_size=32, dtype="float32")
         info[q] = dict(kind="quantized", dtype="float32", bits=4, group_size=32, src=name)
+        if name in ("mistral3-f32", "llama4-f32"):
+            m = name.replace("-f32", "-mixed")
+            if (outdir / m).exists():
+                shutil.rmtree(outdir / m)
+            with contextlib.redirect_stdout(io.StringIO()):
+                convert(str(d), str(outdir / m), quantize=True, q_bits=4, q_group_size=32, dtype="float32",
+                        quant_predicate=mixed_predicate)
+            info[m] = dict(kind="quantized", dtype="float32", bits=4, group_size=32, src=name)
     shutil.rmtree(tokdir)
     for name in sorted(info):
         print(name)

@@ -1,7 +1,7 @@
 //! Oracle tests for `ministral3`, `mistral3` (with a ministral3 text model), `llama4_text` and
 //! `llama4` (tests/oracle/make_llama4_mistral3.py: tiny random models with sliding-window layers,
 //! the llama-4 attention scale, YaRN; chunked attention over chunks of 8, no-RoPE global layers
-//! with temperature tuning, q/k norms, MoE with a shared expert; float32 and 4-bit): `mlx-gen
+//! with temperature tuning, q/k norms, MoE with a shared expert; float32, 4-bit, and mixed 4/8-bit with per-layer entries): `mlx-gen
 //! generate` must give Python mlx-lm 0.32.2's greedy tokens and text (64 tokens, with and without
 //! the chat template; the chat prompt of 47 tokens crosses the window and several chunks), the
 //! engine's prompt logits must be within 1e-5 of mlx-lm's (float32; 1e-2 x the logit range for
@@ -28,10 +28,12 @@ const VARIANTS: &[&str] = &[
     "ministral3-q4",
     "mistral3-f32",
     "mistral3-q4",
+    "mistral3-mixed",
     "llama4_text-f32",
     "llama4_text-q4",
     "llama4-f32",
     "llama4-q4",
+    "llama4-mixed",
 ];
 
 fn models() -> PathBuf {
