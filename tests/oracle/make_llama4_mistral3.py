@@ -18,7 +18,8 @@ Float variants are written Hugging Face style (float32):
     scaling, temperature tuning with floor_scale 8, a vision tensor that mlx-lm drops.
 Each gets a 4-bit (group 32) float32 copy made by mlx-lm's own `mlx_lm.convert` (NAME-q4);
 mistral3 and llama4 also a mixed one (NAME-mixed: layer 1's feed-forward part, experts included, at
-8 bits, the head left float: per-layer entries in `quantization` named under `language_model.`).
+8 bits, the head left float: per-layer entries in `quantization` named under `language_model.`);
+ministral3 and llama4 a bfloat16 4-bit one (NAME-q4-bf16: the query scales' casts matter there).
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
@@ -180,6 +181,13 @@ def main():
         with contextlib.redirect_stdout(io.StringIO()):
             convert(str(d), str(outdir / q), quantize=True, q_bits=4, q_group_size=32, dtype="float32")
         info[q] = dict(kind="quantized", dtype="float32", bits=4, group_size=32, src=name)
+        if name in ("ministral3-f32", "llama4-f32"):
+            b = name.replace("-f32", "-q4-bf16")
+            if (outdir / b).exists():
+                shutil.rmtree(outdir / b)
+            with contextlib.redirect_stdout(io.StringIO()):
+                convert(str(d), str(outdir / b), quantize=True, q_bits=4, q_group_size=32, dtype="bfloat16")
+            info[b] = dict(kind="quantized", dtype="bfloat16", bits=4, group_size=32, src=name)
         if name in ("mistral3-f32", "llama4-f32"):
             m = name.replace("-f32", "-mixed")
             if (outdir / m).exists():

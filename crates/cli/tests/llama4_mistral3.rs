@@ -1,14 +1,15 @@
 //! Oracle tests for `ministral3`, `mistral3` (with a ministral3 text model), `llama4_text` and
 //! `llama4` (tests/oracle/make_llama4_mistral3.py: tiny random models with sliding-window layers,
 //! the llama-4 attention scale, YaRN; chunked attention over chunks of 8, no-RoPE global layers
-//! with temperature tuning, q/k norms, MoE with a shared expert; float32, 4-bit, and mixed 4/8-bit with per-layer entries): `mlx-gen
-//! generate` must give Python mlx-lm 0.32.2's greedy tokens and text (64 tokens, with and without
-//! the chat template; the chat prompt of 47 tokens crosses the window and several chunks), the
-//! engine's prompt logits must be within 1e-5 of mlx-lm's (float32; 1e-2 x the logit range for
-//! 4-bit), also with chunked prefill, rotating and quantized KV caches and prompt-cache files;
-//! `mlx-gen convert -q` of each Hugging Face checkpoint must equal `mlx_lm.convert -q`'s output;
-//! speculative decoding keeps the greedy tokens; the batch engine gives each sequence its tokens
-//! alone (batched with default caches, one after another with rotating or chunked ones).
+//! with temperature tuning, q/k norms, MoE with a shared expert; float32, 4-bit, mixed 4/8-bit
+//! with per-layer entries, and 4-bit bfloat16): `mlx-gen generate` must give Python mlx-lm
+//! 0.32.2's greedy tokens and text (64 tokens, with and without the chat template; the chat prompt
+//! of 47 tokens crosses the window and several chunks), the engine's prompt logits must be within
+//! 1e-5 of mlx-lm's (float32 activations; 1e-2 x the logit range for bfloat16), also with chunked
+//! prefill, rotating and quantized KV caches and prompt-cache files; `mlx-gen convert -q` of each
+//! Hugging Face checkpoint must equal `mlx_lm.convert -q`'s output; speculative decoding keeps the
+//! greedy tokens; the batch engine gives each sequence its tokens alone (batched with default
+//! caches, one after another with rotating or chunked ones); chat turns reuse or rebuild caches.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -26,6 +27,7 @@ const RAW_PROMPT: &str = "The capital of France is";
 const VARIANTS: &[&str] = &[
     "ministral3-f32",
     "ministral3-q4",
+    "ministral3-q4-bf16",
     "mistral3-f32",
     "mistral3-q4",
     "mistral3-mixed",
@@ -34,6 +36,7 @@ const VARIANTS: &[&str] = &[
     "llama4-f32",
     "llama4-q4",
     "llama4-mixed",
+    "llama4-q4-bf16",
 ];
 
 fn models() -> PathBuf {
@@ -91,7 +94,7 @@ fn tokens_and_logits_equal_mlx_lm() {
         let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
         assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
         let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
-        let tol = if variant.ends_with("-f32") {
+        let tol = if !variant.ends_with("-bf16") {
             1e-5
         } else {
             let (lo, hi) = ref_logits.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
