@@ -254,7 +254,7 @@ impl<'m> BatchEngine<'m> {
                 let _ = pool.store(&p.prompt, &kv);
             }
             let history = history_of(&p.params.sampler, &p.prompt)?;
-            let (token, logprobs) = sample_row(&logits, &mut p.params, history.as_ref())?;
+            let (token, logprobs) = p.params.sampler.process_and_sample(&logits, history.as_ref(), p.params.keys.as_mut())?;
             async_eval(&[&token, &logprobs])?;
             let lp = p.params.logprobs.then(|| logprobs.squeeze(&[0])).transpose()?;
             joined.push((p, Pending { tokens: token, logprobs: vec![lp] }, history));
@@ -315,7 +315,8 @@ impl<'m> BatchEngine<'m> {
             if !procs.is_empty() && procs.history_needed() != Some(0) {
                 row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
             }
-            let (t, lp) = sample_row(&logits.slice_axis(0, i as i32, i as i32 + 1)?, &mut row.params, row.history.as_ref())?;
+            let params = &mut row.params;
+            let (t, lp) = params.sampler.process_and_sample(&logits.slice_axis(0, i as i32, i as i32 + 1)?, row.history.as_ref(), params.keys.as_mut())?;
             lps.push(row.params.logprobs.then(|| lp.squeeze(&[0])).transpose()?);
             tokens.push(t);
         }
@@ -339,16 +340,6 @@ pub fn kv_bytes_per_token(model: &dyn Model) -> Result<usize> {
     mlx::eval(&state.iter().collect::<Vec<_>>())?;
     // A growing cache holds whole steps of 256 positions.
     Ok((cache.iter().map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
-}
-
-/// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (1, vocab), after the
-/// sequence's logits processors.
-fn sample_row(logits: &Array, params: &mut SeqParams, history: Option<&Array>) -> Result<(Array, Array)> {
-    let procs = &params.sampler.processors;
-    let logits = if procs.is_empty() { logits.clone() } else { procs.apply(history, logits)? };
-    let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
-    let token = params.sampler.sample_keyed(&logprobs, params.keys.as_mut())?;
-    Ok((token, logprobs))
 }
 
 /// The token history the logits processors start from: the prompt (its last `history_needed`).

@@ -110,21 +110,17 @@ impl<'m> Generator<'m> {
         let len = input.dim(0);
         let logits = self.model.forward(&input.reshape(&[1, len])?, &mut self.cache)?; // (1, L, vocab)
         // (1, vocab): the last position; with one position that is a single reshape (one node less).
-        let mut logits = if len == 1 {
+        let logits = if len == 1 {
             logits.reshape(&[1, -1])?
         } else {
             logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?
         };
         let processors = &self.config.sampler.processors;
-        if !processors.is_empty() {
-            if self.tracks_history() {
-                self.history = Some(extend_history(self.history.take(), input, processors.history_needed())?);
-            }
-            logits = processors.apply(self.history.as_ref(), &logits)?;
+        if !processors.is_empty() && self.tracks_history() {
+            self.history = Some(extend_history(self.history.take(), input, processors.history_needed())?);
         }
         maybe_quantize_kv_cache(&mut self.cache, self.config.kv_quant.as_ref())?;
-        let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
-        let sampled = self.config.sampler.sample(&logprobs)?; // (1,)
+        let (sampled, logprobs) = self.config.sampler.process_and_sample(&logits, self.history.as_ref(), None)?; // (1,), (1, vocab)
         Ok((sampled, logprobs.squeeze(&[0])?))
     }
 

@@ -1,60 +1,11 @@
 //! Serving a model split over several ranks (`mlx-gen launch -- serve`): rank 0 runs the HTTP
 //! server and the batch scheduler; every other rank runs [`follow`], which replays rank 0's engine
-//! calls (sequences added and ended, then one step) so that all ranks run the same forward passes
-//! and meet at the same collectives. Rank 0 sends each step's calls before the step, through a
-//! `share` function (rank 0's bytes on every rank: a length, then the bytes, over `all_sum`).
-use crate::worker::BatchOptions;
+//! calls (sequences added and ended, then one step; see [`crate::lockstep`]) so that all ranks run
+//! the same forward passes and meet at the same collectives.
+use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, Share};
 use anyhow::{Context, Result};
-use engine::batch::{BatchEngine, SeqParams};
-use engine::cache::PagedPool;
-use engine::sample::{init_random_draws, key_seq_as_mlx_lm, KeySeq};
-use engine::{LoadedModel, SamplerConfig};
-use serde::{Deserialize, Serialize};
-use std::sync::Arc;
-
-/// Rank 0's bytes on every rank (see the module doc).
-pub type Share = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>> + Send + Sync>;
-
-/// Everything a rank needs to add the same sequence with the same random stream.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct SeqSpec {
-    pub id: u64,
-    pub prompt: Vec<u32>,
-    pub sampler: SamplerConfig,
-    pub seed: u64,
-    /// Seeded as `mlx-gen generate --seed` (past the model-init draws), or a fresh stream.
-    pub as_generate: bool,
-    pub logprobs: bool,
-}
-
-impl SeqSpec {
-    pub fn params(&self, init_draws: usize) -> engine::Result<SeqParams> {
-        let keys = if self.as_generate { key_seq_as_mlx_lm(self.seed, init_draws)? } else { KeySeq::new(self.seed)? };
-        Ok(SeqParams { sampler: self.sampler.clone(), keys: Some(keys), logprobs: self.logprobs })
-    }
-}
-
-/// One engine call, in the order rank 0 made it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum Call {
-    Add(Box<SeqSpec>),
-    Finish(u64),
-    /// One `step` (after the calls before it).
-    Step,
-    /// Rank 0 is shutting down.
-    Stop,
-}
-
-/// The engine every rank builds alike.
-pub fn new_engine<'m>(loaded: &'m LoadedModel, options: &BatchOptions, pool: Option<PagedPool>) -> BatchEngine<'m> {
-    BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool)
-}
-
-/// The prefix pool every rank builds alike (`None` when off).
-pub fn new_pool(loaded: &LoadedModel, options: &BatchOptions) -> Option<PagedPool> {
-    let layers = loaded.model.make_cache().len();
-    (options.prefix_cache_bytes > 0).then(|| PagedPool::new(layers, crate::worker::BLOCK, options.prefix_cache_bytes))
-}
+use engine::sample::init_random_draws;
+use engine::LoadedModel;
 
 /// A follower rank: replays rank 0's calls until it stops.
 pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Result<()> {

@@ -240,7 +240,7 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
             if meta.chat {
                 let mut message = json!({"role": "assistant", "content": texts[i]});
                 if let Some(opened) = meta.reasoning {
-                    if let (Some(r), answer) = engine::tokenizer::split_reasoning(&texts[i], opened) {
+                    if let (Some(r), answer) = tokenizer::split_reasoning(&texts[i], opened) {
                         message["reasoning_content"] = json!(r);
                         message["content"] = json!(answer);
                     }

@@ -11,7 +11,7 @@ use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::moe::{GluMlp, Router, SwitchGlu};
 use crate::nn::{AttentionSpec, Linear, PlainQkNorm, QuantConfig, Rope, RopeScaling};
-use crate::weights::Weights;
+use checkpoint::Weights;
 use mlx::distributed::Group;
 use mlx::{Array, Dtype};
 use serde::Deserialize;

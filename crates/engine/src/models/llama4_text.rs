@@ -6,7 +6,7 @@ use super::transformer::{self, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, PlainQkNorm, QuantConfig, Rope};
-use crate::weights::Weights;
+use checkpoint::Weights;
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -7,7 +7,7 @@ use super::transformer::{self, CacheLayout, DecoderSpec, QueryScale, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
-use crate::weights::Weights;
+use checkpoint::Weights;
 use mlx::Array;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -97,7 +97,7 @@ pub fn sanitize(config: &serde_json::Value, weights: &mut BTreeMap<String, Array
     for k in scaled {
         let wk = k.replace("_scale_inv", "");
         let scale_inv = weights.remove(&k).expect("listed above");
-        let weight = weights.get(&wk).ok_or_else(|| EngineError::MissingTensor(wk.clone()))?;
+        let weight = weights.get(&wk).ok_or_else(|| EngineError::missing_tensor(wk.clone()))?;
         let w = weight.mul(&scale_inv)?;
         weights.insert(wk, w);
     }

@@ -7,7 +7,7 @@ use super::{default_caches, Model};
 use crate::cache::KvCache;
 use crate::error::{EngineError, Result};
 use crate::nn::QuantConfig;
-use crate::weights::Weights;
+use checkpoint::Weights;
 use mlx::Array;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -63,13 +63,8 @@ pub fn sanitize(config: &Value, weights: &mut BTreeMap<String, Array>) -> Result
     text_weights(weights);
     match text_type(&text) {
         "ministral3" => super::ministral3::sanitize(&text, weights)?,
-        "llama" => {
-            // llama.py's sanitize.
-            weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq"));
-            if text.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(true) {
-                weights.remove("lm_head.weight");
-            }
-        }
+        // text_config made sure it is an object.
+        "llama" => super::sanitize("llama", text.as_object().unwrap_or(&serde_json::Map::new()), weights)?,
         other => {
             return Err(EngineError::UnsupportedModel { found: format!("mistral3 with a {other} text model"), supported: "ministral3, llama".into() })
         }

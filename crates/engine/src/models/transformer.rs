@@ -9,7 +9,7 @@ use crate::cache::{CacheMask, ChunkedCache, GrowingCache, KvCache, RotatingCache
 use crate::error::{EngineError, Result};
 use crate::nn::{Attention, AttentionSpec, Linear, PlainQkNorm, QuantConfig, Rope};
 use crate::shard::ShardMode;
-use crate::weights::{Vb, Weights};
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::{ops, Array, Dtype};
 use std::marker::PhantomData;
