@@ -50,6 +50,18 @@ fn pp2_ring_deepseek_v3_matches_single_process() {
     sharded_matches_single(&common::deepseek_model("dsv3-f32"), Split::Pipeline);
 }
 
+/// Ministral 3: Llama's split (heads, MLP hidden units) with the llama-4 query scale and sliding
+/// layers; the pipeline stages pick their own first full and sliding layers for the masks.
+#[test]
+fn tp2_ring_ministral3_matches_single_process() {
+    sharded_matches_single(&common::llama4_mistral3_models_dir().join("ministral3-f32"), Split::Tensor);
+}
+
+#[test]
+fn pp2_ring_ministral3_matches_single_process() {
+    sharded_matches_single(&common::llama4_mistral3_models_dir().join("ministral3-f32"), Split::Pipeline);
+}
+
 #[test]
 fn killed_peer_makes_the_other_rank_fail_fast() {
     let model = common::model("llama3-f32");

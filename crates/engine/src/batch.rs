@@ -6,7 +6,9 @@
 //! prefix pool holds; its first token is sampled from its last prompt position and it joins the
 //! batch. Each step queues the next one before handing out the current tokens (as
 //! `generate_step`), so the host builds step n+1 while the device computes step n. Sampling is per
-//! sequence: its own settings, logits processors and random key stream.
+//! sequence: its own settings, logits processors and random key stream. A model whose own caches
+//! cannot be merged into a batch (rotating or chunked ones) runs its sequences one after another,
+//! as mlx-lm's server does.
 use crate::cache::{BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
@@ -60,6 +62,10 @@ pub struct BatchEngine<'m> {
     model: &'m dyn Model,
     /// The model's layers (caches per sequence).
     layers: usize,
+    /// Whether the model's caches are plain KV caches, which a [`BatchCache`] merges. Models whose
+    /// own caches are rotating or chunked run one sequence at a time in their own caches, as
+    /// mlx-lm's server serves a model whose caches cannot `merge`.
+    batchable: bool,
     prefill_step_size: usize,
     prefix: Option<PagedPool>,
     waiting: VecDeque<Prefill>,
@@ -77,6 +83,7 @@ impl<'m> BatchEngine<'m> {
         BatchEngine {
             model,
             layers: model.make_cache().len(),
+            batchable: is_batchable(model),
             prefill_step_size: prefill_step_size.max(1),
             prefix,
             waiting: VecDeque::new(),
@@ -106,6 +113,11 @@ impl<'m> BatchEngine<'m> {
         params.sampler.validate()?;
         params.sampler.validate_vocab(self.model.vocab_size())?;
         let n_layers = self.layers;
+        if !self.batchable {
+            let cache = self.model.make_cache();
+            self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache });
+            return Ok(0);
+        }
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
             Some((n, kv)) if n > 0 && kv.len() == n_layers => {
                 let cache = kv
@@ -168,6 +180,15 @@ impl<'m> BatchEngine<'m> {
         }
         let leaving = std::mem::take(&mut self.leaving);
         let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !leaving.contains(&self.rows[i].id)).collect();
+        if !self.batchable {
+            // The one running sequence left (its own caches go with it).
+            if keep.is_empty() {
+                self.rows.clear();
+                self.caches.clear();
+                self.pending = None;
+            }
+            return Ok(());
+        }
         if let Some(pool) = &self.prefix {
             for (i, row) in self.rows.iter().enumerate().filter(|(i, _)| !keep.contains(i)) {
                 let kv = self.caches.iter().map(|c| batch_cache(c.as_ref())?.row(i)).collect::<Result<Vec<_>>>()?;
@@ -205,6 +226,10 @@ impl<'m> BatchEngine<'m> {
         let mut budget = self.prefill_step_size;
         let mut joined = Vec::new();
         while budget > 0 {
+            // One sequence at a time where the caches cannot be merged.
+            if !self.batchable && (!self.rows.is_empty() || !joined.is_empty()) {
+                break;
+            }
             let Some(p) = self.waiting.front_mut() else { break };
             let left = p.prompt.len() - p.done;
             if left > 1 {
@@ -224,7 +249,7 @@ impl<'m> BatchEngine<'m> {
             let input = Array::from_slice(&[last as i32], &[1, 1])?;
             let logits = self.model.forward(&input, &mut p.cache)?.reshape(&[1, -1])?; // (1, vocab)
             p.done += 1;
-            if let Some(pool) = &self.prefix {
+            if let Some(pool) = self.prefix.as_ref().filter(|_| self.batchable) {
                 let kv = p.cache.iter().map(|c| filled(c.as_ref())).collect::<Result<Vec<_>>>()?;
                 let _ = pool.store(&p.prompt, &kv);
             }
@@ -238,7 +263,18 @@ impl<'m> BatchEngine<'m> {
     }
 
     /// Adds prefilled sequences to the running batch.
-    fn join(&mut self, joined: Vec<(Prefill, Pending, Option<Array>)>) -> Result<()> {
+    fn join(&mut self, mut joined: Vec<(Prefill, Pending, Option<Array>)>) -> Result<()> {
+        if !self.batchable {
+            // The only running sequence (see `prefill_some`), in the model's own caches.
+            let (p, first, history) = joined.pop().ok_or_else(|| EngineError::Invalid("nothing joined".into()))?;
+            if !joined.is_empty() || !self.rows.is_empty() {
+                return Err(EngineError::Invalid("a model without batch caches runs one sequence at a time".into()));
+            }
+            self.caches = p.cache;
+            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history });
+            self.pending = Some(first);
+            return Ok(());
+        }
         if self.caches.is_empty() {
             self.caches = (0..self.layers).map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
         }
@@ -287,6 +323,13 @@ impl<'m> BatchEngine<'m> {
         let tokens = ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?;
         Ok(Pending { tokens, logprobs: lps })
     }
+}
+
+/// Whether every cache the model makes is a plain KV cache (mlx-lm's `KVCache`, which `merge`s
+/// into a `BatchKVCache`); rotating (sliding-window layers) and chunked (Llama 4) ones are not
+/// batched here (mlx-lm's server cannot batch a `ChunkedKVCache` either).
+pub fn is_batchable(model: &dyn Model) -> bool {
+    model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache"))
 }
 
 /// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass.

@@ -27,8 +27,9 @@ impl Default for ConvertOptions {
 }
 
 /// What a model architecture does to its Hugging Face checkpoint before it is written: mlx-lm's
-/// `Model.sanitize` (renames, dropped rotary buffers, tied heads, stacked experts). The caller
-/// supplies it from the engine's model registry, so that this crate never builds a model.
+/// `Model.sanitize` (renames, dropped rotary buffers, tied heads, stacked experts) and what its
+/// config class writes into config.json. The caller supplies it from the engine's model registry,
+/// so that this crate never builds a model.
 pub trait ModelRules {
     /// Rewrites `weights` (by name) as `model_type`'s `sanitize` does; an architecture the caller
     /// cannot convert is an error whose message says so (and lists the ones it can).
@@ -45,6 +46,13 @@ pub trait ModelRules {
     fn quant_override(&self, model_type: &str, path: &str) -> Option<QuantSpec> {
         let _ = (model_type, path);
         None
+    }
+
+    /// The changes `model_type`'s config class makes to the config dict itself, which
+    /// `mlx_lm.convert` therefore saves (e.g. mistral3's `text_config.tie_word_embeddings`);
+    /// by default none.
+    fn update_config(&self, model_type: &str, config: &mut Map<String, Value>) {
+        let _ = (model_type, config);
     }
 }
 
@@ -182,8 +190,7 @@ fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dt
 }
 
 /// Converts the Hugging Face model folder `src` into the (new, empty) folder `out` (`rules`: the
-/// architecture's `sanitize`), calling
-/// `progress(done, total)` after each tensor.
+/// architecture's `sanitize` and config updates), calling `progress(done, total)` after each tensor.
 pub fn convert_folder(
     src: &Path,
     out: &Path,
@@ -204,6 +211,7 @@ pub fn convert_folder(
     }
     let mut weights = load_weights(src)?;
     rules.sanitize(&model_type, &config, &mut weights).map_err(FormatError::Invalid)?;
+    rules.update_config(&model_type, &mut config);
     let dtype = target_dtype(opts, &config);
     let spec = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
 
@@ -219,8 +227,8 @@ pub fn convert_folder(
             _ => w,
         };
         // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures),
-        // the experts' SwitchLinear and MLA's MultiLinear (3-D); the model's quant_predicate may
-        // give a layer its own parameters, recorded in the config.
+        // the experts' SwitchLinear (3-D `.experts.`, llama4) and MLA's MultiLinear (3-D); the
+        // model's quant_predicate may give a layer its own parameters, recorded in the config.
         let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2 || w.ndim() == 3);
         let quantize = opts.quantize && w.dim(-1) % opts.q_group_size == 0;
         match layer.filter(|_| quantize) {

@@ -4,7 +4,7 @@
 //! ([`hub`]), `mlx-gen convert` from a Hugging Face float checkpoint ([`convert`]) and the default
 //! model's first fetch ([`default_model`]). It reads and writes files and weight maps; it never
 //! builds or runs a model: what an architecture does to its checkpoint at conversion (mlx-lm's
-//! `sanitize`) is handed in by the caller as [`convert::ModelRules`], from the engine's registry.
+//! `sanitize`, config updates) is handed in by the caller as [`convert::ModelRules`], from the engine's registry.
 #![forbid(unsafe_code)]
 
 pub mod convert;

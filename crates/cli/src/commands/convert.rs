@@ -31,7 +31,7 @@ pub struct Args {
     force: bool,
 }
 
-/// The engine's architectures' `sanitize`, as `formats::convert` asks for it.
+/// The engine's architectures' `sanitize` and config updates, as `formats::convert` asks for them.
 struct EngineRules;
 
 impl ModelRules for EngineRules {
@@ -46,6 +46,10 @@ impl ModelRules for EngineRules {
 
     fn quant_override(&self, model_type: &str, path: &str) -> Option<mlx::ops::QuantSpec> {
         engine::models::quant_override(model_type, path)
+    }
+
+    fn update_config(&self, model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
+        engine::models::update_config(model_type, config);
     }
 }
 

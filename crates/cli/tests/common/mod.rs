@@ -330,3 +330,10 @@ pub fn assert_same_model_folder(ours: &Path, theirs: &Path) {
     assert_eq!(v["ok"], true, "{} vs {}: {}", ours.display(), theirs.display(), v["problems"]);
     assert!(v["tensors"].as_u64().unwrap_or(0) > 0);
 }
+
+/// The folder of the Ministral 3 / Mistral 3 / Llama 4 test models
+/// (tests/oracle/make_llama4_mistral3.py).
+pub fn llama4_mistral3_models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| script_models_dir("make_llama4_mistral3.py", &[], "llama4-mistral3-models"))
+}

@@ -1,7 +1,7 @@
 //! Prompt-cache files in mlx-lm's `save_prompt_cache` / `load_prompt_cache` format: safetensors
 //! whose tensors are the flattened cache states (`"{layer}.{i}[.{j}]"`, scalars as 0-d int32,
 //! `None` as an empty array) and whose metadata is the flattened `[metadata, classes, scalars]`.
-use super::{GrowingCache, KvCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
+use super::{ChunkedCache, GrowingCache, KvCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::ops::QuantSpec;
 use mlx::Array;
@@ -132,6 +132,13 @@ pub fn load_prompt_cache(path: &Path) -> Result<PromptCacheFile> {
                 r.int(&p(3))?,
                 r.int(&p(4))?,
                 r.int(&p(5))?,
+            )?),
+            "ChunkedKVCache" => Box::new(ChunkedCache::from_state(
+                r.array(&p(0))?,
+                r.array(&p(1))?,
+                r.int(&p(2))?,
+                r.int(&p(3))?,
+                r.int(&p(4))?,
             )?),
             "QuantizedKVCache" => {
                 let spec = QuantSpec { group_size: r.int(&p(3))?, bits: r.int(&p(4))? };

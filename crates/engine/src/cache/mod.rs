@@ -1,6 +1,7 @@
 //! KV caches behind one trait, chosen per layer by the model. Keys and values are stored after
 //! RoPE, shaped (B, kv_heads, positions, head_dim).
 mod batch;
+mod chunked;
 mod file;
 mod growing;
 mod mask;
@@ -11,6 +12,7 @@ mod rotating;
 mod tests;
 
 pub use batch::BatchCache;
+pub use chunked::ChunkedCache;
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
 pub use growing::GrowingCache;
 pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
@@ -68,6 +70,11 @@ pub trait KvCache {
     /// Whether `trim` can work (mlx-lm's `is_trimmable`).
     fn is_trimmable(&self) -> bool {
         true
+    }
+    /// The first position the cache still holds: 0 unless it drops old positions from its front
+    /// (a chunked cache past its chunk; a rotating one says so through [`KvCache::window`]).
+    fn first_position(&self) -> i32 {
+        0
     }
     /// Forgets the last `n` positions; returns how many were dropped. Errors where it cannot work.
     fn trim(&mut self, n: i32) -> Result<i32>;

@@ -1,6 +1,6 @@
 //! `llama` (Llama 2, 3, 3.1, 3.2 and SmolLM) and `mistral`, as mlx-lm's `models/llama.py`:
 //! optional attention/MLP biases, explicit `head_dim`, rope scaling `linear` or `llama3`.
-use super::transformer::{self, CacheLayout, DecoderSpec};
+use super::transformer::{self, AttnKind, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -43,25 +43,33 @@ fn default_theta() -> f64 {
     10000.0
 }
 
-pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
-    let c: Config = super::parse_config(config)?;
-    // As mlx-lm's llama.py: `layer_types` (default all full attention) picks a rotating cache of
-    // `sliding_window` positions for each sliding layer, and the model makes its own caches.
-    let layer_types = c.layer_types.clone().unwrap_or_else(|| vec!["full_attention".into(); c.num_hidden_layers.max(0) as usize]);
-    if let Some(t) = layer_types.iter().find(|t| *t != "full_attention" && *t != "sliding_attention") {
-        return Err(EngineError::Config(format!("layer type {t:?} is not supported (full_attention, sliding_attention)")));
+/// `layer_types` as llama.py (and ministral3.py) read them (default: all full attention): a
+/// sliding layer attends over the last `sliding_window` positions, the others over all.
+pub(crate) fn layer_kinds(layer_types: Option<&[String]>, num_layers: i32, sliding_window: Option<i32>) -> Result<Vec<LayerKind>> {
+    let Some(types) = layer_types else { return Ok(LayerKind::all_full(num_layers)) };
+    if types.len() != num_layers.max(0) as usize {
+        return Err(EngineError::Config(format!("{} layer_types for {num_layers} layers", types.len())));
     }
-    if layer_types.len() != c.num_hidden_layers.max(0) as usize {
-        return Err(EngineError::Config(format!("{} layer_types for {} layers", layer_types.len(), c.num_hidden_layers)));
-    }
-    if !layer_types.iter().any(|t| t == "full_attention") {
+    if !types.iter().any(|t| t == "full_attention") {
         return Err(EngineError::Config("layer_types has no full_attention layer (mlx-lm needs one)".into()));
     }
-    let sliding: Vec<bool> = layer_types.iter().map(|t| t == "sliding_attention").collect();
-    let sliding_window = c.sliding_window.filter(|&w| w > 0);
-    if sliding.iter().any(|&s| s) && sliding_window.is_none() {
-        return Err(EngineError::Config("sliding_attention layers need a positive sliding_window".into()));
-    }
+    let window = sliding_window.filter(|&w| w > 0);
+    types
+        .iter()
+        .map(|t| match (t.as_str(), window) {
+            ("full_attention", _) => Ok(LayerKind { attn: AttnKind::Full, rope: true }),
+            ("sliding_attention", Some(w)) => Ok(LayerKind { attn: AttnKind::Sliding(w), rope: true }),
+            ("sliding_attention", None) => Err(EngineError::Config("sliding_attention layers need a positive sliding_window".into())),
+            (t, _) => Err(EngineError::Config(format!("layer type {t:?} is not supported (full_attention, sliding_attention)"))),
+        })
+        .collect()
+}
+
+pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
+    let c: Config = super::parse_config(config)?;
+    // As mlx-lm's llama.py: a rotating cache of `sliding_window` positions for each sliding
+    // layer, and the model makes its own caches.
+    let layers = layer_kinds(c.layer_types.as_deref(), c.num_hidden_layers, c.sliding_window)?;
     let n_heads = c.num_attention_heads;
     let head_dim = c.head_dim.unwrap_or(c.hidden_size / n_heads.max(1));
     let rope = Rope::new(head_dim, c.rope_theta, c.rope_traditional, c.rope_scaling.as_ref())?;
@@ -73,7 +81,9 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         rms_norm_eps: c.rms_norm_eps,
         mlp_bias: c.mlp_bias,
         tie_word_embeddings: c.tie_word_embeddings,
-        cache_layout: CacheLayout::PerLayer { sliding, sliding_window },
+        cache_layout: CacheLayout::PerLayer,
+        layers,
+        variant: Variant::default(),
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads,

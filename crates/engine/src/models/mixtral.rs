@@ -1,7 +1,7 @@
 //! `mixtral` (Mixtral-8x7B, 8x22B), as mlx-lm's `models/mixtral.py`: Mistral's grouped-query
 //! attention with plain RoPE, and in every layer a sparse block (`block_sparse_moe`) whose router
 //! picks the top-k logits and softmaxes over those alone.
-use super::transformer::{self, CacheLayout, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::Result;
 use crate::nn::moe::{stack_experts_as, Ffn, Gate, Routing};
@@ -87,6 +87,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         mlp_bias: false,
         tie_word_embeddings: c.tie_word_embeddings,
         cache_layout: CacheLayout::Default,
+        layers: LayerKind::all_full(c.num_hidden_layers),
+        variant: Variant::default(),
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads,
@@ -101,7 +103,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     // precise softmax over the chosen ones.
     let routing = Routing { score_after_select: true, ..Routing::softmax_top_k(c.num_experts_per_tok) };
     let (e, ff) = (c.num_local_experts, c.intermediate_size);
-    let model = transformer::load_with(spec, rope, weights, q, |l, _, d| {
+    let d = spec.attention.hidden;
+    let model = transformer::load_with(spec, rope, weights, q, |_, l| {
         let m = l.pp("block_sparse_moe");
         Ffn::moe(&m, Gate::load(&m, d, e, routing.clone(), false, q)?, d, ff, e, None, q)
     })?;

@@ -5,6 +5,10 @@ mod hf_quant;
 pub mod llama;
 pub mod mistral4;
 pub mod mixtral;
+pub mod llama4;
+pub mod llama4_text;
+pub mod ministral3;
+pub mod mistral3;
 pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
@@ -82,6 +86,19 @@ pub(crate) fn default_true() -> bool {
     true
 }
 
+/// Python truthiness of a config value (`if x:`).
+pub(crate) fn truthy(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::Null => false,
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
 type Loader = fn(&serde_json::Value, &mut Weights, &QuantConfig) -> Result<Box<dyn Model>>;
 
 /// `model_type` -> loader; aliases as in mlx-lm (`mistral` is llama).
@@ -96,6 +113,10 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3_moe", qwen3_moe::load),
     ("mixtral", mixtral::load),
     ("mistral4", mistral4::load),
+    ("ministral3", ministral3::load),
+    ("mistral3", mistral3::load),
+    ("llama4_text", llama4_text::load),
+    ("llama4", llama4::load),
 ];
 
 /// mlx-lm's `Model.sanitize` for a Hugging Face float checkpoint of `model_type`, as `mlx-gen
@@ -116,14 +137,19 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         *weights = w.into_map().into_iter().collect();
         return Ok(());
     }
+    let whole = || serde_json::Value::Object(config.clone());
     // Whether the head is tied when config.json does not say (the architecture's default).
     let tie_default = match model_type {
+        "ministral3" => return ministral3::sanitize(&whole(), weights),
+        "mistral3" => return mistral3::sanitize(&whole(), weights),
+        "llama4" => return llama4::sanitize(&whole(), weights),
+        "llama4_text" => return Ok(()), // llama4_text.py has no sanitize
         "llama" | "mistral" | "qwen2" => Some(true),
         "qwen3" => None,
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, ministral3, mistral3, llama4, llama4_text".into(),
             })
         }
     };
@@ -148,9 +174,41 @@ pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpe
     }
 }
 
+/// What `model_type`'s mlx-lm config class writes into the config dict itself, so that
+/// `mlx_lm.convert` saves it (the CLI hands it to `formats::convert` with [`sanitize`]).
+pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
+    if model_type == "mistral3" {
+        mistral3::update_config(config);
+    }
+}
+
 /// Every `model_type` the registry loads.
 pub fn supported_model_types() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()
+}
+
+/// The architecture `model_type` from `config` (a wrapper's text model, say), not yet checked for
+/// unused tensors.
+pub(crate) fn load_as(model_type: &str, config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
+    let (_, loader) = REGISTRY.iter().find(|(name, _)| *name == model_type).ok_or_else(|| {
+        EngineError::UnsupportedModel { found: model_type.to_owned(), supported: supported_model_types().join(", ") }
+    })?;
+    loader(config, weights, q)
+}
+
+/// Runs a `sanitize` written over a name -> tensor map (as `convert` calls it) on the checkpoint.
+pub(crate) fn sanitize_weights(weights: &mut Weights, f: impl FnOnce(&mut BTreeMap<String, Array>) -> Result<()>) -> Result<()> {
+    let mut map = BTreeMap::new();
+    for name in weights.names() {
+        if let Some(a) = weights.remove(&name) {
+            map.insert(name, a);
+        }
+    }
+    f(&mut map)?;
+    for (name, a) in map {
+        weights.insert(name, a);
+    }
+    Ok(())
 }
 
 /// Builds the architecture named by `config["model_type"]` from the checkpoint, strictly: every
@@ -160,11 +218,8 @@ pub fn build(config: &serde_json::Value, mut weights: Weights) -> Result<Box<dyn
         .get("model_type")
         .and_then(|t| t.as_str())
         .ok_or_else(|| EngineError::Config("no model_type".into()))?;
-    let (_, loader) = REGISTRY.iter().find(|(name, _)| *name == model_type).ok_or_else(|| {
-        EngineError::UnsupportedModel { found: model_type.to_owned(), supported: supported_model_types().join(", ") }
-    })?;
     let q = QuantConfig::from_config(config)?;
-    let model = loader(config, &mut weights, &q)?;
+    let model = load_as(model_type, config, &mut weights, &q)?;
     weights.finish()?;
     Ok(model)
 }

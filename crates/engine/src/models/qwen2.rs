@@ -1,6 +1,6 @@
 //! `qwen2` (Qwen2, Qwen2.5, Qwen2.5-Coder, DeepSeek-R1-Distill-Qwen), as mlx-lm's `models/qwen2.py`:
 //! the Llama block with biases on the q/k/v projections.
-use super::transformer::{self, CacheLayout, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -48,6 +48,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         mlp_bias: false,
         tie_word_embeddings: c.tie_word_embeddings,
         cache_layout: CacheLayout::Default,
+        layers: LayerKind::all_full(c.num_hidden_layers),
+        variant: Variant::default(),
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads: c.num_attention_heads,

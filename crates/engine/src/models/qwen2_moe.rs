@@ -2,7 +2,7 @@
 //! attention (q/k/v biases, plain RoPE) and in every layer a sparse block: softmax router, top-k
 //! routed experts (not renormalised) plus one shared expert weighted by
 //! `sigmoid(shared_expert_gate(x))`. The head is always separate (`lm_head`), as in mlx-lm.
-use super::transformer::{self, CacheLayout, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::moe::{stack_experts, Ffn, Gate, GluMlp, Routing, SwitchGlu};
@@ -77,6 +77,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         mlp_bias: false,
         tie_word_embeddings: false,
         cache_layout: CacheLayout::Default,
+        layers: LayerKind::all_full(c.num_hidden_layers),
+        variant: Variant::default(),
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads,
@@ -91,7 +93,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     // chosen probabilities as they are, plus the gated shared expert.
     let routing = Routing::softmax_top_k(c.num_experts_per_tok);
     let (e, hidden) = (c.num_experts, c.moe_intermediate_size);
-    let model = transformer::load_with(spec, rope, weights, q, |l, _, d| {
+    let d = spec.attention.hidden;
+    let model = transformer::load_with(spec, rope, weights, q, |_, l| {
         let m = l.pp("mlp");
         Ok(Ffn::Moe {
             gate: Gate::load(&m, d, e, routing.clone(), true, q)?,

@@ -1,6 +1,6 @@
 //! `qwen3` (dense Qwen3), as mlx-lm's `models/qwen3.py`: no projection biases, RMS norms over each
 //! head's queries and keys before RoPE, explicit `head_dim`.
-use super::transformer::{self, CacheLayout, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
@@ -50,6 +50,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         mlp_bias: false,
         tie_word_embeddings: c.tie_word_embeddings,
         cache_layout: CacheLayout::Default,
+        layers: LayerKind::all_full(c.num_hidden_layers),
+        variant: Variant::default(),
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads: c.num_attention_heads,

@@ -2,7 +2,7 @@
 //! `models/qwen3_moe.py`: Qwen3's attention (q/k RMS norms, no biases, plain RoPE) and, in every
 //! `decoder_sparse_step`-th layer not listed in `mlp_only_layers`, a sparse block of routed experts
 //! (softmax router, top-k, optionally renormalised); the other layers keep a dense SwiGLU MLP.
-use super::transformer::{self, CacheLayout, DecoderSpec};
+use super::transformer::{self, CacheLayout, DecoderSpec, LayerKind, Variant};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::moe::{stack_experts, Ffn, Gate, GluMlp, Routing};
@@ -84,6 +84,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         mlp_bias: false,
         tie_word_embeddings: c.tie_word_embeddings,
         cache_layout: CacheLayout::Default,
+        layers: LayerKind::all_full(c.num_hidden_layers),
+        variant: Variant::default(),
         attention: AttentionSpec {
             hidden: c.hidden_size,
             n_heads: c.num_attention_heads,
@@ -97,7 +99,8 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
     // Qwen3MoeSparseMoeBlock: softmax (precise), `argpartition(gates, kth=-k)[..., -k:]`, the
     // chosen weights renormalised with norm_topk_prob; no shared experts, no scaling.
     let routing = Routing { select_from_top: true, normalize: c.norm_topk_prob, ..Routing::softmax_top_k(c.num_experts_per_tok) };
-    let model = transformer::load_with(spec, rope, weights, q, |l, i, d| {
+    let d = spec.attention.hidden;
+    let model = transformer::load_with(spec, rope, weights, q, |i, l| {
         let m = l.pp("mlp");
         Ok(if c.is_moe(i) {
             let gate = Gate::load(&m, d, c.num_experts, routing.clone(), false, q)?;

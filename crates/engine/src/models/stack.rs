@@ -4,7 +4,7 @@
 //! [`Arch`]: its attention and feed-forward layers, its masks and its caches.
 use super::{check_caches, default_caches, Model};
 use crate::cache::KvCache;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::nn::moe::{Ffn, Router};
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm};
 use crate::pipeline::Stage;
@@ -49,6 +49,14 @@ pub(crate) trait Arch: 'static {
     type Masks;
     fn model_type(&self) -> &str;
     fn vocab_size(&self) -> i32;
+    /// Whether mlx-lm's class has `shard` (tensor parallel); the skeleton refuses it otherwise.
+    fn can_shard(&self) -> bool {
+        true
+    }
+    /// Whether mlx-lm runs the class as a pipeline; the skeleton refuses it otherwise.
+    fn can_pipeline(&self) -> bool {
+        true
+    }
     /// The masks for `n` new positions; `first_layer` is the model index of `cache[0]`.
     fn masks(&self, n: i32, first_layer: usize, cache: &[Box<dyn KvCache>]) -> Result<Self::Masks>;
     /// Attention of model layer `layer` over its normed input x (B, L, hidden) -> (B, L, hidden).
@@ -119,10 +127,22 @@ pub(crate) struct StackDims {
 impl<T: Arch> Stack<T> {
     /// `model.embed_tokens`, `model.norm` and `lm_head` (unless tied) around the loaded `layers`.
     pub fn load(arch: T, layers: Vec<Block<T::Attn, T::Ffn>>, d: StackDims, weights: &Weights, q: &QuantConfig) -> Result<Stack<T>> {
+        Self::load_named(arch, layers, d, "lm_head", weights, q)
+    }
+
+    /// As [`Stack::load`], with the untied head named `head` (`output` in llama4_text.py).
+    pub fn load_named(
+        arch: T,
+        layers: Vec<Block<T::Attn, T::Ffn>>,
+        d: StackDims,
+        head: &str,
+        weights: &Weights,
+        q: &QuantConfig,
+    ) -> Result<Stack<T>> {
         let vb = weights.view("model");
         let lm_head = match d.tie_word_embeddings {
             true => None,
-            false => Some(Linear::load(&weights.view("lm_head"), d.hidden, d.vocab_size, false, q)?),
+            false => Some(Linear::load(&weights.view(head), d.hidden, d.vocab_size, false, q)?),
         };
         Ok(Stack {
             arch,
@@ -162,6 +182,12 @@ impl<T: Arch> Model for Stack<T> {
     }
 
     fn shard(&mut self, group: &Group) -> Result<()> {
+        if !self.arch.can_shard() {
+            return Err(EngineError::Config(format!(
+                "tensor parallel is not supported for model_type {} (mlx-lm's model has no shard either)",
+                self.arch.model_type()
+            )));
+        }
         for layer in &mut self.layers {
             layer.self_attn = layer.self_attn.shard(group)?;
             layer.mlp = layer.mlp.shard(group)?;
@@ -170,6 +196,12 @@ impl<T: Arch> Model for Stack<T> {
     }
 
     fn pipeline(&mut self, stage: Stage) -> Result<()> {
+        if !self.arch.can_pipeline() {
+            return Err(EngineError::Config(format!(
+                "pipeline parallel is not supported for model_type {} (mlx-lm's model has no pipeline either)",
+                self.arch.model_type()
+            )));
+        }
         stage.check_loaded(self.layers.len())?;
         self.stage = Some(stage);
         Ok(())

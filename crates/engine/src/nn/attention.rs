@@ -1,5 +1,7 @@
 //! Multi-head attention with grouped-query heads, RoPE and a KV cache, as mlx-lm's Llama/Qwen
-//! `Attention` modules compute it; optional q/k RMS norms (Qwen3) and projection biases (Qwen2).
+//! `Attention` modules compute it; optional q/k RMS norms (Qwen3's weighted ones, Llama 4's plain
+//! ones before or after RoPE), projection biases (Qwen2), no RoPE at all (Llama 4's global layers)
+//! and a per-position query scale (Ministral 3's llama-4 scaling, Llama 4's temperature tuning).
 use super::{Linear, QuantConfig, RmsNorm, Rope};
 use crate::cache::KvCache;
 use crate::error::Result;
@@ -41,7 +43,18 @@ pub struct Attention {
     n_kv_heads: i32,
     head_dim: i32,
     scale: f32,
-    rope: Rope,
+    /// `None`: a layer without positional embedding (Llama 4's global-attention layers).
+    rope: Option<Rope>,
+    /// `mx.fast.rms_norm(x, None, eps)` over each head's queries and keys.
+    plain_qk_norm: Option<PlainQkNorm>,
+}
+
+/// An RMS norm without weight over each head's queries and keys, before RoPE (`llama4_text`) or
+/// after it (`llama4`).
+#[derive(Clone, Copy, Debug)]
+pub struct PlainQkNorm {
+    pub eps: f32,
+    pub after_rope: bool,
 }
 
 impl Attention {
@@ -66,8 +79,19 @@ impl Attention {
             head_dim: hd,
             // head_dim ** -0.5 in Python (a double), handed to MLX as a float.
             scale: (hd as f64).powf(-0.5) as f32,
-            rope,
+            rope: Some(rope),
+            plain_qk_norm: None,
         })
+    }
+
+    /// The same layer without RoPE.
+    pub fn without_rope(self) -> Attention {
+        Attention { rope: None, ..self }
+    }
+
+    /// The same layer with a weightless RMS norm over each head's queries and keys.
+    pub fn with_plain_qk_norm(self, norm: PlainQkNorm) -> Attention {
+        Attention { plain_qk_norm: Some(norm), ..self }
     }
 
     /// This rank's heads for tensor parallel over `group` (as mlx-lm's `shard`): q/k/v keep their
@@ -128,6 +152,12 @@ impl Attention {
 
     /// x (B, L, hidden) -> (B, L, hidden)
     pub fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
+        self.forward_scaled(x, mask, cache, None)
+    }
+
+    /// As [`Attention::forward`], with the queries multiplied by `q_scale` ((L, 1) or (B, 1, L, 1))
+    /// after RoPE and the q/k norms, and cast back to their dtype (`(queries * s).astype(...)`).
+    pub fn forward_scaled(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache, q_scale: Option<&Array>) -> Result<Array> {
         let (b, l) = (x.dim(0), x.dim(1));
         let heads = |t: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             // (B, L, n * head_dim) -> (B, n, L, head_dim). With one position (decode) the transpose
@@ -153,8 +183,22 @@ impl Attention {
             Qkv::Fused(f) => self.split_fused(&f.forward(x)?, b, l)?,
         };
 
-        let queries = self.rope.forward_cached(&queries, cache)?;
-        let keys = self.rope.forward_cached(&keys, cache)?;
+        let plain = |t: Array, after: bool| -> Result<Array> {
+            match self.plain_qk_norm {
+                Some(n) if n.after_rope == after => Ok(mlx::fast::rms_norm(&t, None, n.eps)?),
+                _ => Ok(t),
+            }
+        };
+        let (queries, keys) = (plain(queries, false)?, plain(keys, false)?);
+        let (queries, keys) = match &self.rope {
+            Some(rope) => (rope.forward_cached(&queries, cache)?, rope.forward_cached(&keys, cache)?),
+            None => (queries, keys),
+        };
+        let (queries, keys) = (plain(queries, true)?, plain(keys, true)?);
+        let queries = match q_scale {
+            Some(s) => queries.mul(s)?.astype(queries.dtype())?,
+            None => queries,
+        };
         let out = match cache.quantization() {
             // mlx-lm's quantized_scaled_dot_product_attention over a QuantizedKVCache.
             Some(spec) => {

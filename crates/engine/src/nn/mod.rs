@@ -11,7 +11,7 @@ mod quant;
 mod rope;
 pub mod sdpa;
 
-pub use attention::{Attention, AttentionSpec};
+pub use attention::{Attention, AttentionSpec, PlainQkNorm};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

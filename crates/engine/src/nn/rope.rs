@@ -56,8 +56,9 @@ impl Rope {
                 let freqs = llama3_freqs(dims, base, factor()?, &s)?;
                 Ok(Rope::Freqs { dims, traditional, freqs })
             }
+            "yarn" | "deepseek_yarn" | "telechat3-yarn" => Rope::yarn(dims, base, traditional, &scaling.cloned().unwrap_or_default()),
             other => Err(EngineError::Config(format!(
-                "rope_scaling type {other:?} is not supported (supported: default, linear, llama3)"
+                "rope_scaling type {other:?} is not supported (supported: default, linear, llama3, yarn)"
             ))),
         }
     }

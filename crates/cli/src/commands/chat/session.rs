@@ -90,11 +90,18 @@ impl Session {
         };
         let mut reused = common_prefix(&self.cache_ids, &ids).min(ids.len() - 1);
         let offset = self.cache.first().map_or(0, |c| c.offset()) as usize;
-        if offset != self.cache_ids.len() {
-            reused = 0; // never expected: start over rather than attend to unknown positions
+        // Start over rather than attend to unknown positions: when the cache does not hold
+        // exactly `cache_ids`, or cannot be trimmed back to `reused` (a rotating cache past its
+        // window, a chunked one that dropped the front of a chunk the next positions may see).
+        let mut ok = offset == self.cache_ids.len();
+        if ok && offset > reused {
+            for c in &mut self.cache {
+                ok &= c.trim((offset - reused) as i32).is_ok() && c.offset() as usize == reused && c.first_position() == 0;
+            }
         }
-        for c in &mut self.cache {
-            c.trim((offset - reused) as i32)?;
+        if !ok {
+            self.cache = loaded.model.make_cache();
+            reused = 0;
         }
         self.cache_ids.truncate(reused);
         let max_tokens = match self.max_kv_size {
@@ -119,7 +126,7 @@ impl Session {
         // A step queued past the last consumed token was fed the last handed token: keep what is known.
         let keep = ids.len() + fed;
         for c in &mut self.cache {
-            // Growing caches always trim; a failure would show as a fresh start on the next turn.
+            // Growing caches always trim; a failure shows as a fresh start on the next turn.
             let _ = c.trim(c.offset() - keep as i32);
         }
         self.cache_ids = ids.iter().chain(&handed[..fed]).copied().collect();
