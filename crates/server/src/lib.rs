@@ -1,6 +1,7 @@
 //! mlx-gen's OpenAI-compatible HTTP server: axum handlers on tokio, one engine thread that owns the model.
 #![forbid(unsafe_code)]
 pub mod api;
+pub mod constrain;
 pub mod metrics;
 pub mod reasoning;
 pub mod replica;

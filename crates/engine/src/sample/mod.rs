@@ -4,6 +4,7 @@
 //! and uncompiled graphs give identical bits, checked in Python), with Python's weak scalar typing,
 //! and the random draws (XTC's `uniform`, then `categorical`) split MLX's global key in the same
 //! order, so one seed gives the same tokens. The logits processors live in [`processors`].
+pub mod constraint;
 pub mod logprobs;
 pub mod processors;
 pub mod seed;
@@ -11,6 +12,7 @@ pub mod seed;
 use crate::error::{EngineError, Result};
 use mlx::{ops, random, Array, Dtype};
 
+pub use constraint::TokenConstraint;
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use mlx::random::KeySeq;
 pub use processors::LogitsProcessors;
