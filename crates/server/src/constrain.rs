@@ -165,12 +165,10 @@ impl TokenConstraint for GuidanceConstraint {
     }
 }
 
+/// A byte-level vocabulary for tests: the 256 bytes (GPT-2's character mapping), `{"`, `"}`
+/// (ids 256, 257), an EOS (258) and an unused id 259 (a model vocabulary of 260).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A byte-level vocabulary: the 256 bytes (GPT-2's character mapping), `{"`, `"}` and an EOS.
-    fn constraints() -> Constraints {
+pub(crate) fn test_constraints() -> Constraints {
         let mut vocab = serde_json::Map::new();
         let mut k = 0x100u32;
         for b in 0u32..256 {
@@ -183,6 +181,14 @@ mod tests {
         vocab.insert("\"}".into(), json!(257));
         let tok = json!({"decoder": {"type": "ByteLevel"}, "added_tokens": [{"id": 258, "content": "<eos>", "special": true}], "model": {"vocab": vocab}});
         Constraints::from_tokenizer_json(&tok, 260, &[258]).expect("constraints")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn constraints() -> Constraints {
+        test_constraints()
     }
 
     fn run(c: &mut GuidanceConstraint, text: &str) -> Vec<bool> {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 pub mod api;
 pub mod constrain;
+pub mod tools;
 pub mod metrics;
 pub mod reasoning;
 pub mod replica;
