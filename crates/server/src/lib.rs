@@ -8,6 +8,7 @@ pub mod reasoning;
 pub mod replica;
 mod routes;
 pub mod stop;
+pub mod structured;
 pub mod worker;
 
 use anyhow::{Context, Result};

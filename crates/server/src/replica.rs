@@ -25,6 +25,9 @@ pub struct SeqSpec {
     /// Seeded as `mlx-gen generate --seed` (past the model-init draws), or a fresh stream.
     pub as_generate: bool,
     pub logprobs: bool,
+    /// Constrained decoding: what every token must follow (each rank compiles it alike).
+    #[serde(default)]
+    pub grammar: Option<crate::constrain::Grammar>,
 }
 
 impl SeqSpec {
@@ -63,13 +66,21 @@ pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Resul
     engine::batch::kv_bytes_per_token(loaded.model.as_ref())?;
     let pool = new_pool(&loaded, &options);
     let mut engine = new_engine(&loaded, &options, pool.clone());
+    let mut constraints: Option<Result<crate::constrain::Constraints, String>> = None;
     loop {
         let calls: Vec<Call> = serde_json::from_slice(&share(&[])?).context("rank 0 sent calls this rank cannot read")?;
         for call in calls {
             match call {
                 // A call that fails on rank 0 fails here alike; rank 0 answers for it.
                 Call::Add(spec) => {
-                    let _ = spec.params(init_draws).and_then(|p| engine.add(spec.id, spec.prompt, p));
+                    let constraint = match &spec.grammar {
+                        None => Ok(None),
+                        Some(g) => {
+                            let c = constraints.get_or_insert_with(|| crate::constrain::Constraints::new(&loaded));
+                            c.as_ref().map_err(|e| engine::EngineError::Invalid(e.clone())).and_then(|c| c.compile(g).map_err(engine::EngineError::Invalid)).map(|g| Some(Box::new(g) as Box<dyn engine::sample::TokenConstraint>))
+                        }
+                    };
+                    let _ = constraint.and_then(|c| spec.params(init_draws).and_then(|p| engine.add_constrained(spec.id, spec.prompt, p, c)));
                 }
                 Call::Finish(id) => engine.finish(id),
                 Call::Step => {

@@ -5,6 +5,8 @@
 //! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
 //! (a [`engine::cache::PagedPool`]) holds from earlier requests.
 use crate::api::{ApiError, GenParams, Prompt};
+use crate::constrain::{Constraints, Grammar};
+use crate::tools::ToolFormat;
 use crate::metrics::Metrics;
 use crate::replica::{new_engine, new_pool, Call, SeqSpec, Share};
 use engine::batch::{BatchEngine, StepToken};
@@ -49,11 +51,14 @@ pub enum Event {
         /// Chat with a reasoning model: whether the template left the model inside `<think>`
         /// (then the answer's `reasoning_content` is split out); `None` otherwise.
         reasoning: Option<bool>,
+        /// The format tool calls are parsed from (when the request has active tools).
+        tool_format: Option<ToolFormat>,
     },
     /// New text of choice `index` (possibly empty when only log-probabilities are new).
     Delta { index: usize, text: String, logprobs: Vec<TokenLogprob> },
-    /// Choice `index` ended: "stop" (EOS or a stop string) or "length".
-    Finish { index: usize, reason: &'static str, completion_tokens: usize },
+    /// Choice `index` ended: "stop" (EOS or a stop string) or "length"; `note` says why a grammar
+    /// ended it early (it dead-ended or failed).
+    Finish { index: usize, reason: &'static str, completion_tokens: usize, note: Option<String> },
     /// The job failed; before `Started`, a 4xx answer.
     Error(ApiError),
 }
@@ -126,6 +131,10 @@ struct Worker<'m> {
     /// With several ranks: the engine calls since the last step, for the other ranks to replay.
     share: Option<Share>,
     calls: Vec<Call>,
+    /// The chat template's tool-call format, if it has one.
+    tool_format: Option<ToolFormat>,
+    /// The grammar compiler, built at the first constrained request.
+    constraints: Option<Result<Constraints, String>>,
 }
 
 fn invalid(param: &str, e: impl std::fmt::Display) -> ApiError {
@@ -154,7 +163,14 @@ impl<'m> Worker<'m> {
             unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
             share,
             calls: Vec::new(),
+            tool_format: loaded.tokenizer.chat_template_source().and_then(ToolFormat::detect),
+            constraints: None,
         }
+    }
+
+    fn constraints(&mut self) -> Result<&Constraints, &String> {
+        let loaded = self.loaded;
+        self.constraints.get_or_insert_with(|| Constraints::new(loaded)).as_ref()
     }
 
     /// Sends the calls since the last step to the other ranks (with several ranks).
@@ -172,7 +188,11 @@ impl<'m> Worker<'m> {
 
     fn engine_add(&mut self, spec: SeqSpec) -> engine::Result<usize> {
         let params = spec.params(self.init_draws)?;
-        let r = self.engine.add(spec.id, spec.prompt.clone(), params);
+        let constraint = match &spec.grammar {
+            Some(g) => Some(compile(self.constraints(), g)?),
+            None => None,
+        };
+        let r = self.engine.add_constrained(spec.id, spec.prompt.clone(), params, constraint);
         if self.share.is_some() {
             self.calls.push(Call::Add(Box::new(spec)));
         }
@@ -260,7 +280,7 @@ impl<'m> Worker<'m> {
             }
             let job = queue.pop_front().expect("front exists");
             self.metrics.queue(-1, 0);
-            let (prompt, reasoning) = match self.prepare(&job) {
+            let (prompt, reasoning, plan) = match self.prepare(&job) {
                 Ok(x) => x,
                 Err(e) => {
                     let _ = job.tx.send(Event::Error(e));
@@ -288,12 +308,12 @@ impl<'m> Worker<'m> {
                 self.metrics.queue(1, 0);
                 return;
             }
-            self.start(job, prompt, reasoning, per_choice);
+            self.start(job, prompt, reasoning, plan, per_choice);
         }
     }
 
     /// Adds a checked job's choices to the batch and tells its handler it started.
-    fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, per_choice: usize) {
+    fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, plan: crate::structured::Plan, per_choice: usize) {
         let n = job.params.n;
         let state = Rc::new(JobState { job });
         let mut cached = 0;
@@ -309,7 +329,8 @@ impl<'m> Worker<'m> {
             let mut sampler = params.sampler.clone();
             sampler.xtc_special_tokens = self.xtc_special.clone();
             let logprobs = params.logprobs.is_some();
-            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs });
+            let grammar = plan.grammar.clone();
+            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs, grammar });
             match added {
                 Ok(c) if index == 0 => cached = c,
                 Ok(_) => {}
@@ -322,7 +343,7 @@ impl<'m> Worker<'m> {
                 }
             }
             if index == 0 {
-                let _ = state.job.tx.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning });
+                let _ = state.job.tx.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning, tool_format: plan.tool_format });
             }
             self.reserved_tokens += per_choice;
             self.choices.insert(
@@ -346,13 +367,15 @@ impl<'m> Worker<'m> {
     }
 
     /// Tokenizes and checks the prompt and settings against the model.
-    fn prepare(&self, job: &Job) -> Result<(Vec<u32>, Option<bool>), ApiError> {
+    fn prepare(&mut self, job: &Job) -> Result<(Vec<u32>, Option<bool>, crate::structured::Plan), ApiError> {
         let loaded = self.loaded;
         let tok = &loaded.tokenizer;
+        let plan = crate::structured::plan(tok, self.tool_format, &job.params)?;
+        crate::structured::check(&plan, self.constraints_if(plan.grammar.is_some()))?;
         let mut reasoning = None;
         let (prompt, param) = match &job.prompt {
             Prompt::Chat(messages) => {
-                let text = tok.apply_chat_template_json(messages, true, None, &[]).map_err(|e| invalid("messages", e))?;
+                let text = tok.apply_chat_template_json(messages, true, plan.template_tools.as_ref(), &[]).map_err(|e| invalid("messages", e))?;
                 if tok.has_thinking() {
                     reasoning = Some(engine::tokenizer::prompt_opens_reasoning(&text));
                 }
@@ -379,7 +402,16 @@ impl<'m> Worker<'m> {
         let without_bias = engine::SamplerConfig { processors: Default::default(), ..sampler.clone() };
         without_bias.validate_vocab(vocab).map_err(|e| invalid("top_k", e))?;
         sampler.processors.validate_vocab(vocab).map_err(|e| invalid("logit_bias", e))?;
-        Ok((prompt, reasoning))
+        Ok((prompt, reasoning, plan))
+    }
+
+    /// The grammar compiler when `needed` (else an `Ok` that is never read).
+    fn constraints_if(&mut self, needed: bool) -> Result<&Constraints, &String> {
+        if needed {
+            return self.constraints();
+        }
+        static NONE: String = String::new();
+        Err(&NONE)
     }
 
     /// Ends choices whose client went away (within one step).
@@ -411,7 +443,8 @@ impl<'m> Worker<'m> {
             }
         }
         if self.loaded.is_eos(t.token) {
-            return self.finish(t.id, "stop");
+            let note = self.engine.constraint_note(t.id);
+            return self.finish_noted(t.id, "stop", note);
         }
         self.metrics.generated_token(c.last_token.map(|l| now.duration_since(l).as_secs_f64()));
         c.last_token = Some(now);
@@ -436,7 +469,7 @@ impl<'m> Worker<'m> {
             let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs });
         }
         if hit {
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens });
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None });
             return self.end(t.id);
         }
         if c.tokens >= c.job.job.params.max_tokens {
@@ -446,6 +479,10 @@ impl<'m> Worker<'m> {
 
     /// Ends a choice at EOS or the token limit: the detokenizer's and stop buffer's held text goes out.
     fn finish(&mut self, id: u64, reason: &'static str) {
+        self.finish_noted(id, reason, None)
+    }
+
+    fn finish_noted(&mut self, id: u64, reason: &'static str, note: Option<String>) {
         if let Some(c) = self.choices.get_mut(&id) {
             c.detok.finalize();
             let (mut text, hit) = c.stop.push(&c.detok.last_segment());
@@ -455,7 +492,7 @@ impl<'m> Worker<'m> {
             if !text.is_empty() {
                 let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs: Vec::new() });
             }
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens });
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note });
         }
         self.end(id);
     }
@@ -467,4 +504,11 @@ impl<'m> Worker<'m> {
         let cached = self.pool.as_ref().map_or(0, |p| p.usage().1);
         self.metrics.batch(running + prefilling, blocks, cached);
     }
+}
+
+/// A fresh constraint for one sequence (the grammar was checked when the request came in).
+fn compile(constraints: Result<&Constraints, &String>, grammar: &Grammar) -> engine::Result<Box<dyn engine::sample::TokenConstraint>> {
+    let c = constraints.map_err(|e| engine::EngineError::Invalid(e.clone()))?;
+    let g = c.compile(grammar).map_err(engine::EngineError::Invalid)?;
+    Ok(Box::new(g))
 }
