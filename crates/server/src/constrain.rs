@@ -37,12 +37,18 @@ impl Grammar {
     }
 }
 
-/// `schema` with llguidance's options for compact JSON (`{"a":1,"b":[2,3]}`: no free whitespace,
-/// which a model could otherwise repeat until `max_tokens`), unless the schema sets its own.
+/// `schema` with llguidance's options for compact JSON (`{"a": 1, "b": [2, 3]}`: no free
+/// whitespace, which a model could otherwise repeat until `max_tokens`), where the schema's own
+/// `x-guidance` options do not say otherwise.
 pub fn compact_json(schema: &Value) -> Value {
     let mut schema = schema.clone();
     if let Value::Object(o) = &mut schema {
-        o.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+        let options = o.entry("x-guidance").or_insert_with(|| json!({}));
+        if let Value::Object(options) = options {
+            for (k, v) in [("whitespace_flexible", json!(false)), ("item_separator", json!(", ")), ("key_separator", json!(": "))] {
+                options.entry(k).or_insert(v);
+            }
+        }
     }
     schema
 }

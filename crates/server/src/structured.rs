@@ -56,8 +56,19 @@ fn schema_options(schema: &Value, lenient: bool) -> Value {
     schema
 }
 
-/// Checks that `plan`'s grammar compiles (a 400 naming its field otherwise).
-pub fn check(plan: &Plan, constraints: Result<&Constraints, &String>) -> Result<(), ApiError> {
+/// Checks that `plan`'s grammar compiles, and with active tools that each tool's `parameters`
+/// schema does (a 400 naming the field otherwise). Without a grammar compiler for this tokenizer,
+/// only a plan that needs one fails.
+pub fn check(plan: &Plan, params: &GenParams, constraints: Result<&Constraints, &String>) -> Result<(), ApiError> {
+    if let (Ok(c), true) = (constraints, params.tools.active()) {
+        for (i, t) in params.tools.tools.iter().enumerate() {
+            if let Some(schema) = t["function"].get("parameters").filter(|p| p.is_object()) {
+                let strict = t["function"]["strict"].as_bool().unwrap_or(false);
+                c.compile(&Grammar::JsonSchema(schema_options(schema, !strict)))
+                    .map_err(|e| ApiError::bad(&format!("tools[{i}].function.parameters"), format!("the schema cannot be followed: {}", crate::api::clip_long(&e))))?;
+            }
+        }
+    }
     let Some(g) = &plan.grammar else { return Ok(()) };
     let c = constraints.map_err(|e| ApiError::bad(plan.grammar_param, format!("constrained decoding is not available for this model: {e}")))?;
     c.compile(g).map(|_| ()).map_err(|e| ApiError::bad(plan.grammar_param, format!("the schema cannot be followed: {}", crate::api::clip_long(&e))))

@@ -371,7 +371,7 @@ impl<'m> Worker<'m> {
         let loaded = self.loaded;
         let tok = &loaded.tokenizer;
         let plan = crate::structured::plan(tok, self.tool_format, &job.params)?;
-        crate::structured::check(&plan, self.constraints_if(plan.grammar.is_some()))?;
+        crate::structured::check(&plan, &job.params, self.constraints_if(plan.grammar.is_some() || job.params.tools.active()))?;
         let mut reasoning = None;
         let (prompt, param) = match &job.prompt {
             Prompt::Chat(messages) => {

@@ -1,0 +1,75 @@
+//! `mlx-gen serve` as agents use it, driven by the official `openai` client with `jsonschema`
+//! (tests/oracle/agents_client.py): tools rendered by the chat template (prompt tokens equal to
+//! transformers'), forced tool calls and 20 `response_format` schemas on tiny random models that
+//! parse and validate whatever the weights (constrained decoding), streamed equal to non-streamed,
+//! and 400s naming the field.
+mod common;
+mod server_harness;
+
+use serde_json::{json, Value};
+use server_harness::Server;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// A copy of test model `variant` with Qwen2.5's chat template (tools, tool calls, tool
+/// responses). The caller removes it.
+pub fn tool_model_copy(variant: &str, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlx-gen-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    common::copy_dir(&common::model(variant), &dir);
+    let cfg_path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let template = std::fs::read_to_string(common::oracle_dir().join("qwen25_tool_template.jinja")).unwrap();
+    cfg["chat_template"] = Value::String(template);
+    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
+    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
+    dir
+}
+
+fn run_driver(script: &str, spec: &Value) -> Value {
+    let mut child = Command::new(common::venv_python())
+        .arg(common::oracle_dir().join(script))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    child.stdin.take().unwrap().write_all(spec.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().expect("wait for the driver");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed ({}):\n{stderr}", out.status);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{script} printed no JSON ({e}):\n{stderr}"))
+}
+
+fn assert_no_failures(report: &Value, at_least: u64) {
+    let failures = report["failures"].as_array().expect("failures");
+    assert!(
+        failures.is_empty(),
+        "{} of {} checks failed:\n{}",
+        failures.len(),
+        report["checks"],
+        failures.iter().map(|f| f.as_str().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    );
+    assert!(report["checks"].as_u64().unwrap() >= at_least, "too few checks ran: {report}");
+}
+
+#[test]
+fn agents_get_tool_calls_and_structured_output() {
+    let dir = tool_model_copy("qwen2-f32", "agents");
+    let model = dir.to_string_lossy().into_owned();
+    let plain = common::model("llama3-f32").to_string_lossy().into_owned();
+    let tools = Server::start(&model, &[]);
+    let plain_server = Server::start(&plain, &[]);
+    let spec = json!({
+        "base_url": format!("{}/v1", tools.base),
+        "plain_base_url": format!("{}/v1", plain_server.base),
+        "model": model,
+        "plain_model": plain,
+        "model_dir": model,
+    });
+    let report = run_driver("agents_client.py", &spec);
+    assert_eq!(tools.call("GET", "/health", None).status, 200);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_no_failures(&report, 200);
+}
