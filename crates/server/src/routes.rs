@@ -29,6 +29,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(crate::anthropic::messages))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -42,13 +43,15 @@ pub fn router(state: AppState) -> Router {
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.options.api_key {
         // The scheme is case-insensitive (RFC 9110); the key is not.
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+        let bearer = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
             let (scheme, token) = v.trim_start().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
         });
+        // Anthropic's clients send the key as `x-api-key`.
+        let given = bearer.or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim));
         if req.uri().path() != "/health" && given != Some(key.as_str()) {
             s.metrics.request("unauthorized", 401);
-            return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key").into_response();
+            return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')", "invalid_api_key").into_response();
         }
     }
     // A body announced larger than the limit is refused before it is read.
@@ -90,7 +93,7 @@ async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejecti
     generate(s, body, false).await
 }
 
-fn json_response(status: StatusCode, v: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
@@ -186,12 +189,17 @@ fn new_id(chat: bool) -> String {
     format!("{}-{:x}{n:04x}", if chat { "chatcmpl" } else { "cmpl" }, t & 0xffff_ffff)
 }
 
-/// Checks the request, queues it for the engine thread and answers once it has started.
-async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Result<Response, ApiError> {
-    let body = body.map_err(|r| ApiError::new(r.status(), format!("cannot read the request body: {}", r.body_text()), "invalid_body"))?;
-    let req = api::parse(&body, chat, &s.options.model_id)?;
-    let (stream, n, want_logprobs, include_usage) = (req.params.stream, req.params.n, req.params.logprobs.is_some(), req.params.include_usage);
-    let tool_defs = req.params.tools.tools.clone();
+/// What the engine thread says when a job starts.
+pub(crate) struct Started {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub reasoning: Option<bool>,
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// Queues a checked request for the engine thread; returns once it has started (or failed), with
+/// the receiver of its events.
+pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenParams) -> Result<(Started, mpsc::UnboundedReceiver<Event>), ApiError> {
     if s.metrics.queued() >= s.options.max_queue as i64 {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -201,15 +209,25 @@ async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) ->
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     s.metrics.queue(1, 0);
-    if s.jobs.send(Job { prompt: req.prompt, params: req.params, tx, arrived: Instant::now() }).is_err() {
+    if s.jobs.send(Job { prompt, params, tx, arrived: Instant::now() }).is_err() {
         s.metrics.queue(-1, 0);
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
     }
-    let (prompt_tokens, cached_tokens, reasoning, tool_format) = match rx.recv().await {
-        Some(Event::Started { prompt_tokens, cached_tokens, reasoning, tool_format }) => (prompt_tokens, cached_tokens, reasoning, tool_format),
-        Some(Event::Error(e)) => return Err(e),
-        _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
-    };
+    match rx.recv().await {
+        Some(Event::Started { prompt_tokens, cached_tokens, reasoning, tool_format }) => Ok((Started { prompt_tokens, cached_tokens, reasoning, tool_format }, rx)),
+        Some(Event::Error(e)) => Err(e),
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
+    }
+}
+
+/// Checks the request, queues it for the engine thread and answers once it has started.
+async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| ApiError::new(r.status(), format!("cannot read the request body: {}", r.body_text()), "invalid_body"))?;
+    let req = api::parse(&body, chat, &s.options.model_id)?;
+    let (stream, n, want_logprobs, include_usage) = (req.params.stream, req.params.n, req.params.logprobs.is_some(), req.params.include_usage);
+    let tool_defs = req.params.tools.tools.clone();
+    let (started, rx) = submit(s, req.prompt, req.params).await?;
+    let Started { prompt_tokens, cached_tokens, reasoning, tool_format } = started;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let tools = tool_format.map(|f| (f, tool_defs));
     let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, cached_tokens, include_usage, reasoning, tools };
@@ -232,7 +250,7 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
                 texts[index].push_str(&text);
                 lps[index].extend(logprobs);
             }
-            Event::Finish { index, reason, completion_tokens: c, note } if index < meta.n => {
+            Event::Finish { index, reason, completion_tokens: c, note, .. } if index < meta.n => {
                 reasons[index] = reason;
                 notes[index] = note;
                 completion_tokens += c;
@@ -371,7 +389,7 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
                     }
                     None
                 }
-                Event::Finish { index, reason, completion_tokens: c, note } if index < meta.n && tool_streams[index].is_some() => {
+                Event::Finish { index, reason, completion_tokens: c, note, .. } if index < meta.n && tool_streams[index].is_some() => {
                     completion_tokens += c;
                     if meta.chat && !started[index] {
                         started[index] = true;
@@ -430,7 +448,7 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
                     }
                     None => frames.push(choice(index, Some(&text), false, &logprobs, None)),
                 },
-                Event::Finish { index, reason, completion_tokens: c, note } => {
+                Event::Finish { index, reason, completion_tokens: c, note, .. } => {
                     completion_tokens += c;
                     if let Some(router) = routers.get_mut(index).and_then(Option::as_mut) {
                         let (r, a) = router.finish();

@@ -58,7 +58,7 @@ pub enum Event {
     Delta { index: usize, text: String, logprobs: Vec<TokenLogprob> },
     /// Choice `index` ended: "stop" (EOS or a stop string) or "length"; `note` says why a grammar
     /// ended it early (it dead-ended or failed).
-    Finish { index: usize, reason: &'static str, completion_tokens: usize, note: Option<String> },
+    Finish { index: usize, reason: &'static str, completion_tokens: usize, note: Option<String>, stop_sequence: Option<String> },
     /// The job failed; before `Started`, a 4xx answer.
     Error(ApiError),
 }
@@ -469,7 +469,8 @@ impl<'m> Worker<'m> {
             let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs });
         }
         if hit {
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None });
+            let stop_sequence = c.stop.matched().map(str::to_owned);
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None, stop_sequence });
             return self.end(t.id);
         }
         if c.tokens >= c.job.job.params.max_tokens {
@@ -492,7 +493,8 @@ impl<'m> Worker<'m> {
             if !text.is_empty() {
                 let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs: Vec::new() });
             }
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note });
+            let stop_sequence = c.stop.matched().map(str::to_owned);
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note, stop_sequence });
         }
         self.end(id);
     }
