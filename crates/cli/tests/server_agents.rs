@@ -2,7 +2,9 @@
 //! (tests/oracle/agents_client.py): tools rendered by the chat template (prompt tokens equal to
 //! transformers'), forced tool calls and 20 `response_format` schemas on tiny random models that
 //! parse and validate whatever the weights (constrained decoding), streamed equal to non-streamed,
-//! and 400s naming the field.
+//! and 400s naming the field; and `/v1/messages` driven by the official `anthropic` client
+//! (tests/oracle/anthropic_client.py): text equal to chat completions', events, stop reasons, forced
+//! tool use validating against the input schema, tool results in the history, errors.
 mod common;
 mod server_harness;
 
@@ -72,4 +74,24 @@ fn agents_get_tool_calls_and_structured_output() {
     assert_eq!(tools.call("GET", "/health", None).status, 200);
     let _ = std::fs::remove_dir_all(&dir);
     assert_no_failures(&report, 200);
+}
+
+#[test]
+fn the_anthropic_client_gets_messages() {
+    let dir = tool_model_copy("qwen2-f32", "anthropic");
+    let model = dir.to_string_lossy().into_owned();
+    let open = Server::start(&model, &[]);
+    let keyed = Server::start(&model, &["--api-key", "sk-ant-test"]);
+    let spec = json!({
+        "base_url": open.base,
+        "openai_base_url": format!("{}/v1", open.base),
+        "keyed_base_url": keyed.base,
+        "api_key": "sk-ant-test",
+        "model": model,
+    });
+    let report = run_driver("anthropic_client.py", &spec);
+    let metrics = open.metrics();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_no_failures(&report, 60);
+    assert!(metrics.contains("endpoint=\"messages\""), "no messages requests in /metrics:\n{metrics}");
 }

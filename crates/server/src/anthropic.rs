@@ -2,7 +2,8 @@
 //! request (system, text / tool_use / tool_result blocks, tools, tool_choice, stop_sequences) is
 //! checked in Anthropic's terms, turned into the OpenAI-shaped request the engine thread runs (same
 //! batching, same tool-call parsing and constrained decoding), and answered as Anthropic answers:
-//! content blocks, `stop_reason`, `usage`, or with `stream` its event stream (`message_start`,
+//! content blocks, `stop_reason`, `usage`, or with `stream` its event stream. `output_config.format`
+//! (a JSON schema) is structured output, as `response_format` is on the OpenAI side (`message_start`,
 //! `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`).
 use crate::api::{self, ApiError};
 use crate::reasoning::ReasoningStream;
@@ -37,7 +38,9 @@ fn error_body(e: &ApiError) -> Value {
         400..=499 => "invalid_request_error",
         _ => "api_error",
     };
-    let message = match &e.param {
+    // Fields checked in their OpenAI form are named as the Anthropic request names them.
+    let param = e.param.as_ref().map(|p| p.replace(".function.parameters", ".input_schema").replace(".function.name", ".name"));
+    let message = match &param {
         Some(p) if !e.message.contains(p.as_str()) => format!("{p}: {}", e.message),
         _ => e.message.clone(),
     };
@@ -163,6 +166,20 @@ fn translate(body: &[u8]) -> Result<(Value, bool), ApiError> {
     for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop"), ("metadata", "metadata")] {
         if let Some(x) = get(from) {
             out.insert(to.into(), x.clone());
+        }
+    }
+    if let Some(oc) = get("output_config") {
+        let Value::Object(oc) = oc else { return Err(bad("output_config", "'output_config' must be an object")) };
+        if oc.get("effort").is_some_and(|e| !e.is_null()) {
+            return Err(bad("output_config.effort", "'effort' is not supported"));
+        }
+        if let Some(f) = oc.get("format").filter(|f| !f.is_null()) {
+            match (f.get("type").and_then(Value::as_str), f.get("schema")) {
+                (Some("json_schema"), Some(schema)) if schema.is_object() => {
+                    out.insert("response_format".into(), json!({"type": "json_schema", "json_schema": {"schema": schema, "strict": true}}));
+                }
+                _ => return Err(bad("output_config.format", "'format' must be {\"type\": \"json_schema\", \"schema\": {...}}")),
+            }
         }
     }
     if let Some(t) = get("thinking") {
