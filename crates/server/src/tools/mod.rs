@@ -182,14 +182,15 @@ pub struct ToolStream {
     held: String,
     /// Inside a call section: its text so far.
     section: Option<String>,
-    /// Llama 3: the answer still may be a call (it starts with `{` or `<|python_tag|>`).
+    /// The answer still may be a bare JSON call (it starts with `{`, or Llama 3's `<|python_tag|>`):
+    /// Llama 3's format, and JSON-tools models that leave out the `<tool_call>` tags (small Qwen2.5s do).
     maybe_bare_call: bool,
     pub calls: usize,
 }
 
 impl ToolStream {
     pub fn new(format: ToolFormat, tools: Vec<Value>) -> ToolStream {
-        ToolStream { format, tools, held: String::new(), section: None, maybe_bare_call: format == ToolFormat::Llama3, calls: 0 }
+        ToolStream { format, tools, held: String::new(), section: None, maybe_bare_call: matches!(format, ToolFormat::Llama3 | ToolFormat::JsonTools), calls: 0 }
     }
 
     /// The pieces `text` completes.
@@ -198,12 +199,17 @@ impl ToolStream {
         if self.maybe_bare_call {
             self.held.push_str(text);
             let t = self.held.trim_start();
-            let could_be = t.is_empty() || t.starts_with('{') || llama3::PYTHON_TAG.starts_with(t) || t.starts_with(llama3::PYTHON_TAG);
-            if !could_be {
-                self.maybe_bare_call = false;
-                out.push(Piece::Content(std::mem::take(&mut self.held)));
+            let tag = self.format == ToolFormat::Llama3 && (llama3::PYTHON_TAG.starts_with(t) || t.starts_with(llama3::PYTHON_TAG));
+            if t.is_empty() || t.starts_with('{') || tag {
+                return out;
             }
-            return out;
+            self.maybe_bare_call = false;
+            let held = std::mem::take(&mut self.held);
+            if self.format == ToolFormat::Llama3 {
+                out.push(Piece::Content(held));
+                return out;
+            }
+            return self.push(&held);
         }
         if self.format == ToolFormat::Llama3 {
             out.push(Piece::Content(text.to_owned()));
@@ -252,6 +258,18 @@ impl ToolStream {
             self.maybe_bare_call = false;
             let held = std::mem::take(&mut self.held);
             let t = held.trim();
+            if self.format == ToolFormat::JsonTools {
+                let (calls, rest) = json_tools::bare_calls(t);
+                if calls.is_empty() {
+                    out.push(Piece::Content(held));
+                } else {
+                    self.emit(calls, &mut out);
+                    if !rest.is_empty() {
+                        out.push(Piece::Content(rest.to_owned()));
+                    }
+                }
+                return out;
+            }
             let t = t.strip_prefix(llama3::PYTHON_TAG).unwrap_or(t);
             match llama3::parse(t) {
                 Ok(calls) if !calls.is_empty() => self.emit(calls, &mut out),

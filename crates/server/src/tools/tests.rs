@@ -47,6 +47,23 @@ fn hermes_json_calls_and_malformed_ones() {
 }
 
 #[test]
+fn bare_json_calls_without_tags() {
+    // Recorded from Qwen2.5-Coder-0.5B-Instruct (greedy, max_tokens 40): the tags left out, the call repeated.
+    let recorded = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"get_weather\", \"arguments\": {\"city";
+    let (content, c) = calls(ToolFormat::JsonTools, recorded);
+    assert_eq!(c, vec![("get_weather".into(), json!({"city": "Paris"}))]);
+    assert_eq!(content, "{\"name\": \"get_weather\", \"arguments\": {\"city");
+    // JSON that is not a call, and text that only starts like JSON, stay content.
+    for text in ["{\"answer\": 42}", "{oops", "{\"name\": 5}"] {
+        let (content, c) = calls(ToolFormat::JsonTools, text);
+        assert!(c.is_empty() && content == text, "{text}");
+    }
+    // Text first, then a tagged call: the tags are still found.
+    let (content, c) = calls(ToolFormat::JsonTools, "Sure <tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}</tool_call>");
+    assert_eq!((content.as_str(), c.len()), ("Sure ", 1));
+}
+
+#[test]
 fn qwen3_coder_calls_convert_by_schema() {
     let text = "Sure.\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n<parameter=b>\n2.5\n</parameter>\n<parameter=exact>\nTrue\n</parameter>\n</function>\n</tool_call>";
     let (content, c) = calls(ToolFormat::Qwen3Coder, text);
@@ -107,6 +124,8 @@ fn streaming_matches_whole_answers() {
         (ToolFormat::Qwen3Coder, "x<tool_call>\n<function=get_weather>\n<parameter=city>\nBern\n</parameter>\n</function>\n</tool_call>"),
         (ToolFormat::Llama3, "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}"),
         (ToolFormat::Llama3, "  plain text answer"),
+        (ToolFormat::JsonTools, " {\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n{\"name\": \"add\""),
+        (ToolFormat::JsonTools, "  Hello <tool_call>{\"name\": \"add\", \"arguments\": {}}</tool_call>"),
         (ToolFormat::Mistral, "ok [TOOL_CALLS]add[ARGS]{\"a\": 1, \"b\": 2}"),
         (ToolFormat::DeepSeek, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"a\": 1, \"b\": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>after"),
     ];
