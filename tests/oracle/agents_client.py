@@ -218,6 +218,27 @@ def response_format_schemas():
     check("completions json_schema", json.loads(r.choices[0].text)["color"] in ("red", "green", "blue"), r.choices[0].text)
 
 
+@case
+def free_rows_beside_constrained_rows():
+    """A free stream batched with constrained ones gets what it gets alone (per-row masks)."""
+    free = dict(model=MODEL, messages=user("Tell me a story"), max_tokens=40, temperature=1.0, top_p=0.9, seed=11)
+    alone = CLIENT.chat.completions.create(**free).choices[0].message.content
+    jobs = [(i, FORMAT_SCHEMAS[i], False, dict(temperature=0)) for i in range(6)]
+    with ThreadPoolExecutor(7) as pool:
+        constrained = [pool.submit(one_format, j) for j in jobs]
+        beside = pool.submit(lambda: CLIENT.chat.completions.create(**free).choices[0].message.content)
+        texts = [c.result()[3] for c in constrained]
+        got = beside.result()
+    check("free row beside constrained rows", got == alone, f"{got!r} vs {alone!r}")
+    for (i, schema, _, _), t in zip(jobs, texts):
+        try:
+            jsonschema.validate(json.loads(t), schema)
+            ok = True
+        except Exception:
+            ok = False
+        check(f"constrained row {i} beside a free row", ok, repr(t))
+
+
 def error_param(fn):
     try:
         fn()
