@@ -311,7 +311,7 @@ fn tool_message(o: &mut Map<String, Value>, role: &str, i: usize) -> Result<(), 
             }
         }
         let Some(Value::Object(func)) = call.get_mut("function") else { return Err(ApiError::bad(&format!("{at}.function"), "a tool call needs a 'function' object")) };
-        if !func.get("name").is_some_and(|n| n.as_str().is_some_and(|n| !n.is_empty())) {
+        if func.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
             return Err(ApiError::bad(&format!("{at}.function.name"), "a tool call needs a 'name' string"));
         }
         let args = match func.get("arguments") {
