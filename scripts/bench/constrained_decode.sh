@@ -11,12 +11,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tokdir=${1:?usage: constrained_decode.sh TOKENIZER_DIR [MODEL_DIR] [TOKENS] [ROUNDS]}
-model=${2:-$root/target/bench-models/qwen3-0.6b-q4-qwentok}
+model=${2:-$root/target/bench-models/qwen3-0.6b-q4-f32-qwentok}
 tokens=${3:-64}
 rounds=${4:-3}
 py=$("$root/scripts/oracle-venv.sh")
 if [ ! -f "$model/config.json" ]; then
-  "$py" "$root/scripts/bench/make_shape.py" qwen3-0.6b "$model" >&2
+  # float32 activations and scales (${DTYPE:-float32}): bfloat16 is ~10x slower on an x86 CPU.
+  "$py" "$root/scripts/bench/make_shape.py" qwen3-0.6b "$model" --dtype "${DTYPE:-float32}" >&2
 fi
 cp "$tokdir/tokenizer.json" "$tokdir/tokenizer_config.json" "$model/"
 bin=${MLX_GEN_BIN:-$root/target/release/mlx-gen}
