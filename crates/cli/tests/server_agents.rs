@@ -95,3 +95,44 @@ fn the_anthropic_client_gets_messages() {
     assert_no_failures(&report, 60);
     assert!(metrics.contains("endpoint=\"messages\""), "no messages requests in /metrics:\n{metrics}");
 }
+
+/// `generate --json-schema / --regex / --grammar`: outputs follow them whatever the weights, sampled
+/// or not; bad grammars and speculative decoding are one-line errors.
+#[test]
+fn generate_follows_schemas_regexes_and_grammars() {
+    let model = common::model("qwen2-f32");
+    let model = model.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("mlx-gen-constrain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = dir.join("schema.json");
+    std::fs::write(&schema, r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}, "c": {"enum": ["x", "y"]}}, "required": ["n", "c"], "additionalProperties": false}"#).unwrap();
+    let lark = dir.join("yes_no.lark");
+    std::fs::write(&lark, "start: (\"yes\" | \"no\") \"!\"\n").unwrap();
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["generate", "--model", model, "--prompt", "hi", "-m", "60", "--output", "json"];
+        args.extend_from_slice(extra);
+        let out = common::mlx_gen(&args, None);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON output")
+    };
+    let schema_s = schema.to_str().unwrap();
+    for sampling in [&[][..], &["--temp", "1.0", "--top-p", "0.9", "--seed", "5"][..]] {
+        let r = run(&[&["--json-schema", schema_s][..], sampling].concat());
+        let v: Value = serde_json::from_str(r["text"].as_str().unwrap()).unwrap_or_else(|e| panic!("{r}: {e}"));
+        assert!(v["n"].as_i64().is_some_and(|n| (3..=7).contains(&n)) && (v["c"] == "x" || v["c"] == "y"), "{v}");
+        assert_eq!(r["finish_reason"], "stop", "{r}");
+        let r = run(&[&["--regex", "[0-9]{2}-[a-c]+"][..], sampling].concat());
+        let t = r["text"].as_str().unwrap();
+        let (digits, letters) = t.split_once('-').unwrap_or_else(|| panic!("{t:?}"));
+        assert!(digits.len() == 2 && digits.chars().all(|c| c.is_ascii_digit()) && !letters.is_empty() && letters.chars().all(|c| "abc".contains(c)), "{t:?}");
+        let r = run(&[&["--grammar", lark.to_str().unwrap()][..], sampling].concat());
+        assert!(r["text"] == "yes!" || r["text"] == "no!", "{r}");
+    }
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, r#"{"type": "nope"}"#).unwrap();
+    common::assert_error(&common::mlx_gen(&["generate", "--model", model, "--json-schema", bad.to_str().unwrap()], None), 1, &["--json-schema", "nope"]);
+    common::assert_error(&common::mlx_gen(&["generate", "--model", model, "--regex", "a", "--prompt-lookup", "2"], None), 1, &["speculative"]);
+    let out = common::mlx_gen(&["generate", "--model", model, "--regex", "a", "--json-schema", schema_s], None);
+    assert_eq!(out.status.code(), Some(2), "two constraints at once is a usage error");
+    let _ = std::fs::remove_dir_all(&dir);
+}
