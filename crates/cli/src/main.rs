@@ -4,6 +4,7 @@ mod commands;
 mod model_arg;
 mod completions;
 mod progress;
+mod rank;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -77,7 +78,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}{}", hint(&msg));
+            // One write for the whole line: ranks of `launch` share one stderr, and a line written
+            // in pieces (as `eprintln!` does) can interleave with another rank's.
+            let line = format!("error: {msg}{}\n", hint(&msg));
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             ExitCode::from(1)
         }
     }
@@ -133,7 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         settle_cpu_compiler()?;
     }
     // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
-    commands::launch::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_) | Command::Serve(_))))?;
+    rank::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_) | Command::Serve(_))))?;
     let result = match cli.command {
         Some(Command::Generate(args)) => commands::generate::run(args),
         Some(Command::Chat(args)) => commands::chat::run(args),

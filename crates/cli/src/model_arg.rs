@@ -1,9 +1,9 @@
 //! What `--model` may name: a model folder, a `.gguf` file (imported once into the cache), a Hugging
 //! Face repo id (downloaded into the HF cache), or nothing (the default model, fetched on first use).
 use anyhow::{bail, Context, Result};
-use engine::default_model;
-use engine::gguf::{import_gguf, ImportOptions};
-use engine::hub::{self, DownloadProgress};
+use formats::default_model;
+use formats::gguf::{import_gguf, ImportOptions};
+use formats::hub::{self, DownloadProgress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,8 @@
 //! Flow-matching and outpainting accuracy: the invariant table (σ(0) = 1, σ(N) = 0, strict decay, Euler drift, pixel conservation, binary mask), numpy test vectors (tests/flow), and the `flow-schedule` / `outpaint-prep` commands.
 mod common;
 
-use engine::flow::outpaint::{self, Pad};
-use engine::flow::{self, DynamicShift, FlowSchedule, Shift, Spacing};
+use flow::outpaint::{self, Pad};
+use flow::{self, DynamicShift, FlowSchedule, Shift, Spacing};
 use image::{DynamicImage, ImageBuffer};
 use mlx::{Array, Dtype};
 use serde_json::Value;

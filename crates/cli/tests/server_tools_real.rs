@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 
 #[test]
 fn qwen_coder_calls_get_weather() {
-    let dir = engine::default_model::qwen_coder_dir(true).expect("fetch Qwen2.5-Coder-0.5B-Instruct");
+    let dir = formats::default_model::qwen_coder_dir(true).expect("fetch Qwen2.5-Coder-0.5B-Instruct");
     let model = dir.to_string_lossy().into_owned();
     let server = Server::start(&model, &[]);
     let spec = json!({"base_url": format!("{}/v1", server.base), "model": model});

@@ -276,7 +276,7 @@ impl<'m> BatchEngine<'m> {
             }
             let history = history_of(&p.params.sampler, &p.prompt)?;
             let mask = p.constraint.as_mut().map(|c| c.allowed(self.model.vocab_size() as usize)).transpose()?;
-            let (token, logprobs) = sample_row(&logits, &mut p.params, history.as_ref(), mask.as_deref())?;
+            let (token, logprobs) = p.params.sampler.process_and_sample_masked(&logits, history.as_ref(), p.params.keys.as_mut(), mask.as_deref())?;
             async_eval(&[&token, &logprobs])?;
             let lp = p.params.logprobs.then(|| logprobs.squeeze(&[0])).transpose()?;
             joined.push((p, Pending { tokens: token, logprobs: vec![lp] }, history));
@@ -336,7 +336,8 @@ impl<'m> BatchEngine<'m> {
                 row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
             }
             let mask = masks.and_then(|m| m[i].as_deref());
-            let (t, lp) = sample_row(&logits.slice_axis(0, i as i32, i as i32 + 1)?, &mut row.params, row.history.as_ref(), mask)?;
+            let params = &mut row.params;
+            let (t, lp) = params.sampler.process_and_sample_masked(&logits.slice_axis(0, i as i32, i as i32 + 1)?, row.history.as_ref(), params.keys.as_mut(), mask)?;
             lps.push(row.params.logprobs.then(|| lp.squeeze(&[0])).transpose()?);
             tokens.push(t);
         }
@@ -353,20 +354,6 @@ pub fn kv_bytes_per_token(model: &dyn Model) -> Result<usize> {
     mlx::eval(&state.iter().collect::<Vec<_>>())?;
     // A growing cache holds whole steps of 256 positions.
     Ok((cache.iter().map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
-}
-
-/// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (1, vocab), after the
-/// sequence's logits processors and its token mask.
-fn sample_row(logits: &Array, params: &mut SeqParams, history: Option<&Array>, mask: Option<&[bool]>) -> Result<(Array, Array)> {
-    let procs = &params.sampler.processors;
-    let logits = if procs.is_empty() { logits.clone() } else { procs.apply(history, logits)? };
-    let logits = match mask {
-        Some(m) => apply_mask(&logits, m)?,
-        None => logits,
-    };
-    let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
-    let token = params.sampler.sample_keyed(&logprobs, params.keys.as_mut())?;
-    Ok((token, logprobs))
 }
 
 /// The token history the logits processors start from: the prompt (its last `history_needed`).

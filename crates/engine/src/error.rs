@@ -6,9 +6,9 @@ pub enum EngineError {
     #[error(transparent)]
     Mlx(#[from] mlx::Error),
     #[error(transparent)]
-    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    Tokenizer(#[from] tokenizer::TokenizerError),
     #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
+    Checkpoint(#[from] checkpoint::Error),
     #[error("model folder {0} does not exist")]
     NoModelDir(PathBuf),
     #[error("{path}: {message}")]
@@ -17,12 +17,6 @@ pub enum EngineError {
     UnsupportedModel { found: String, supported: String },
     #[error("invalid config.json: {0}")]
     Config(String),
-    #[error("tensor {0} is missing from the checkpoint")]
-    MissingTensor(String),
-    #[error("the checkpoint has tensors the model does not use: {0}")]
-    UnusedTensors(String),
-    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
-    Shape { name: String, found: Vec<i32>, expected: Vec<i32> },
     #[error("{0}")]
     Invalid(String),
 }
@@ -30,6 +24,16 @@ pub enum EngineError {
 pub type Result<T> = std::result::Result<T, EngineError>;
 
 impl EngineError {
+    /// A tensor the model needs is not in the checkpoint.
+    pub fn missing_tensor(name: impl Into<String>) -> Self {
+        checkpoint::Error::MissingTensor(name.into()).into()
+    }
+
+    /// A checkpoint tensor whose shape the model cannot use.
+    pub fn shape(name: impl Into<String>, found: Vec<i32>, expected: Vec<i32>) -> Self {
+        checkpoint::Error::Shape { name: name.into(), found, expected }.into()
+    }
+
     pub fn file(path: impl Into<PathBuf>, message: impl std::fmt::Display) -> Self {
         EngineError::File { path: path.into(), message: message.to_string() }
     }

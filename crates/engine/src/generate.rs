@@ -8,7 +8,7 @@ use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
-use crate::sample::constraint::{apply_mask, TokenConstraint};
+use crate::sample::constraint::TokenConstraint;
 use crate::sample::SamplerConfig;
 use mlx::{async_eval, Array};
 
@@ -116,14 +116,10 @@ impl<'m> Generator<'m> {
             mlx::runtime::clear_cache();
         }
         let last = Array::from_slice(rest, &[rest.len() as i32])?;
-        let (y, logprobs) = match g.constraint.as_mut() {
-            None => g.step(&last)?,
-            Some(c) => {
-                let allowed = c.allowed(g.model.vocab_size() as usize)?;
-                let logits = g.logits(&last)?;
-                g.sample(&apply_mask(&logits, &allowed)?)?
-            }
-        };
+        let vocab = g.model.vocab_size() as usize;
+        let allowed = g.constraint.as_mut().map(|c| c.allowed(vocab)).transpose()?;
+        let logits = g.logits(&last)?;
+        let (y, logprobs) = g.sample(&logits, allowed.as_deref())?;
         async_eval(&[&y, &logprobs])?;
         g.pending = Some((y, logprobs));
         Ok(g)
@@ -132,35 +128,32 @@ impl<'m> Generator<'m> {
     /// One forward pass over `input` (L,): the sampled next token (1,) and its log-probabilities (vocab,).
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
         let logits = self.logits(input)?;
-        self.sample(&logits)
+        self.sample(&logits, None)
     }
 
-    /// One forward pass over `input` (L,): the last position's logits (1, vocab) after the logits
-    /// processors.
+    /// One forward pass over `input` (L,): the last position's logits (1, vocab), before the
+    /// sampling chain (the token history is extended by `input`).
     fn logits(&mut self, input: &Array) -> Result<Array> {
         let len = input.dim(0);
         let logits = self.model.forward(&input.reshape(&[1, len])?, &mut self.cache)?; // (1, L, vocab)
         // (1, vocab): the last position; with one position that is a single reshape (one node less).
-        let mut logits = if len == 1 {
+        let logits = if len == 1 {
             logits.reshape(&[1, -1])?
         } else {
             logits.slice_axis(1, -1, i32::MAX)?.squeeze(&[1])?
         };
         let processors = &self.config.sampler.processors;
-        if !processors.is_empty() {
-            if self.tracks_history() {
-                self.history = Some(extend_history(self.history.take(), input, processors.history_needed())?);
-            }
-            logits = processors.apply(self.history.as_ref(), &logits)?;
+        if !processors.is_empty() && self.tracks_history() {
+            self.history = Some(extend_history(self.history.take(), input, processors.history_needed())?);
         }
         maybe_quantize_kv_cache(&mut self.cache, self.config.kv_quant.as_ref())?;
         Ok(logits)
     }
 
-    /// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (vocab,).
-    fn sample(&mut self, logits: &Array) -> Result<(Array, Array)> {
-        let logprobs = logits.sub(&logits.logsumexp(&[], true)?)?;
-        let sampled = self.config.sampler.sample(&logprobs)?; // (1,)
+    /// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (vocab,), through the
+    /// sampling chain, with the constraint's mask `allowed` when given.
+    fn sample(&mut self, logits: &Array, allowed: Option<&[bool]>) -> Result<(Array, Array)> {
+        let (sampled, logprobs) = self.config.sampler.process_and_sample_masked(logits, self.history.as_ref(), None, allowed)?; // (1,), (1, vocab)
         Ok((sampled, logprobs.squeeze(&[0])?))
     }
 
@@ -207,7 +200,7 @@ impl<'m> Generator<'m> {
                 match &logits {
                     Some(l) => {
                         let allowed = c.allowed(self.model.vocab_size() as usize)?;
-                        let next = self.sample(&apply_mask(l, &allowed)?)?;
+                        let next = self.sample(l, Some(&allowed))?;
                         async_eval(&[&next.0, &next.1])?;
                         Ok(Some(next))
                     }

@@ -1,17 +1,15 @@
-//! mlx-gen's engine: model configs and weights, the architectures (one file per `model_type`),
-//! KV caches, sampling and the token generator, plus tokenizers and chat templates.
+//! mlx-gen's engine: the forward pass and what drives it. It owns the architectures (one file per
+//! `model_type`, built from a strict weight map), the nn blocks, KV caches, sampling, the token
+//! generator, continuous batching, speculative decoding, tensor-parallel sharding and pipeline
+//! stages. It may not download, import or convert model files (the `formats` crate does), and it
+//! reads only MLX model folders (`checkpoint` for the weights, `tokenizer` for the tokenizer).
 //! Everything runs on one thread that owns the MLX arrays.
 #![forbid(unsafe_code)]
 
 pub mod batch;
 pub mod cache;
-pub mod convert;
-pub mod default_model;
 mod error;
-pub mod flow;
 pub mod generate;
-pub mod gguf;
-pub mod hub;
 mod load;
 pub mod models;
 pub mod pipeline;
@@ -19,8 +17,6 @@ pub mod nn;
 pub mod sample;
 pub mod shard;
 pub mod speculative;
-pub mod tokenizer;
-pub mod weights;
 
 pub use error::{EngineError, Result};
 pub use generate::{GenerateConfig, Generated, Generator};

@@ -2,8 +2,8 @@
 use crate::error::{EngineError, Result};
 use crate::models::{self, Model};
 use crate::pipeline::Stage;
-use crate::tokenizer::Tokenizer;
-use crate::weights::Weights;
+use tokenizer::Tokenizer;
+use checkpoint::Weights;
 use mlx::distributed::Group;
 use mlx::Array;
 use std::fs;

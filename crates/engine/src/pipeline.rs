@@ -5,7 +5,7 @@
 //! last rank runs the first layers and rank 0 (the one that prints) the last ones. Every rank keeps
 //! the embedding, the final norm and the head: after the last stage, `all_gather` hands its output
 //! to every rank, which all compute the same logits and so sample the same tokens. A rank loads only
-//! its own layers' tensors (see [`crate::weights::Weights::keep_layers`]).
+//! its own layers' tensors (see [`checkpoint::Weights::keep_layers`]).
 use crate::error::{EngineError, Result};
 use mlx::distributed::Group;
 use mlx::Array;

@@ -14,7 +14,6 @@ use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_c
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
-use crate::sample::SamplerConfig;
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
 
@@ -116,14 +115,6 @@ impl History {
     }
 }
 
-/// mlx-lm's `_process_and_sample`: processors, log-softmax over the last axis, sampler.
-fn process_and_sample(sampler: &SamplerConfig, history: Option<&Array>, logits: &Array) -> Result<(Array, Array)> {
-    let logits = if sampler.processors.is_empty() { logits.clone() } else { sampler.processors.apply(history, logits)? };
-    let logprobs = logits.sub(&logits.logsumexp(&[-1], true)?)?;
-    let y = sampler.sample(&logprobs)?;
-    Ok((y, logprobs))
-}
-
 /// mlx-lm's `_step`: one forward pass over `input` (L,), then the last `n_predict` positions are
 /// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab).
 fn step(
@@ -141,14 +132,14 @@ fn step(
     let sampler = &config.sampler;
     if sampler.processors.is_empty() {
         // All positions in one sampler call (one random draw for all of them).
-        return process_and_sample(sampler, None, &logits.squeeze(&[0])?);
+        return sampler.process_and_sample(&logits.squeeze(&[0])?, None, None);
     }
     let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
     let (mut ys, mut lps) = (Vec::new(), Vec::new());
     for i in 0..n_predict {
         history.push(&y)?;
         let row = logits.slice_axis(1, i, i + 1)?.squeeze(&[1])?; // (1, vocab)
-        let (t, lp) = process_and_sample(sampler, history.tokens.as_ref(), &row)?;
+        let (t, lp) = sampler.process_and_sample(&row, history.tokens.as_ref(), None)?;
         ys.push(t.clone());
         lps.push(lp);
         y = t;

@@ -22,11 +22,11 @@ pub const BUILD_BLAS: &str = env!("MLX_GEN_BUILD_BLAS");
 pub type Result<T> = std::result::Result<T, String>;
 
 /// An owned reference to one `mlx::core::array` (itself a reference-counted graph node).
+///
+/// Neither `Send` nor `Sync` (the raw pointer makes it so): MLX evaluation is not thread-safe,
+/// and two handles to one graph (a `Clone`) on two threads could evaluate it at once. A graph is
+/// built, evaluated and dropped on the thread that made it.
 pub struct Handle(NonNull<ffi::mlxs_array_>);
-
-// SAFETY: an mlx::core::array is a shared_ptr to immutable graph data; moving the handle to another
-// thread is safe. It is not Sync: MLX evaluation is not thread-safe, so sharing needs a channel.
-unsafe impl Send for Handle {}
 
 impl Drop for Handle {
     fn drop(&mut self) {

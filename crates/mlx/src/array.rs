@@ -140,7 +140,39 @@ element!(u32, Dtype::U32);
 element!(u8, Dtype::U8);
 element!(u16, Dtype::U16);
 
-/// A lazily evaluated MLX array. `Clone` shares the same graph node; `Send` but not `Sync`.
+/// A lazily evaluated MLX array. `Clone` shares the same graph node.
+///
+/// An `Array` stays on the thread that made it: it is neither `Send` nor `Sync`, because MLX's
+/// evaluation is not thread-safe and a clone sent elsewhere would let two threads evaluate one
+/// graph at once. Model work therefore runs on one thread (the server loads its model on its
+/// engine thread and talks to it through channels carrying token ids and text, never arrays).
+/// The compiler refuses both ways round:
+///
+/// ```compile_fail
+/// let a = mlx::Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+/// let b = a.clone();
+/// // error: `NonNull<...>` cannot be sent between threads safely
+/// std::thread::spawn(move || b.eval()).join().unwrap().unwrap();
+/// a.eval().unwrap();
+/// ```
+///
+/// ```compile_fail
+/// let a = mlx::Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+/// // error: `NonNull<...>` cannot be shared between threads safely
+/// std::thread::scope(|s| {
+///     s.spawn(|| a.eval());
+///     a.eval().unwrap();
+/// });
+/// ```
+///
+/// while evaluating on the thread that built the graph compiles:
+///
+/// ```
+/// let a = mlx::Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+/// let b = a.clone();
+/// b.eval().unwrap();
+/// assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+/// ```
 #[derive(Clone)]
 pub struct Array(pub(crate) Handle);
 

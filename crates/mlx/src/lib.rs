@@ -1,4 +1,4 @@
-//! Safe MLX for mlx-gen: an owned, cloneable, `Send` [`Array`], its dtypes, and the operations the
+//! Safe MLX for mlx-gen: an owned, cloneable, single-thread [`Array`] (see its doc), its dtypes, and the operations the
 //! engine needs, grouped by kind. Every failure is an [`Error`] carrying MLX's own message and the
 //! caller's source location. No `unsafe` here: it all lives in `mlx-sys`.
 #![forbid(unsafe_code)]

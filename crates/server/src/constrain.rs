@@ -104,6 +104,14 @@ impl Constraints {
     }
 }
 
+/// A fresh engine constraint for one sequence, from the engine's grammar compiler (or the error
+/// that kept it from being built); the same on every rank.
+pub fn compile(constraints: Result<&Constraints, &String>, grammar: &Grammar) -> engine::Result<Box<dyn TokenConstraint>> {
+    let c = constraints.map_err(|e| EngineError::Invalid(e.clone()))?;
+    let g = c.compile(grammar).map_err(EngineError::Invalid)?;
+    Ok(Box::new(g))
+}
+
 /// One sequence's llguidance matcher.
 pub struct GuidanceConstraint {
     matcher: Matcher,

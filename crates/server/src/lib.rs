@@ -3,13 +3,14 @@
 pub mod anthropic;
 pub mod api;
 pub mod constrain;
-pub mod tools;
+pub mod lockstep;
 pub mod metrics;
 pub mod reasoning;
 pub mod replica;
 mod routes;
 pub mod stop;
 pub mod structured;
+pub mod tools;
 pub mod worker;
 
 use anyhow::{Context, Result};
@@ -29,17 +30,19 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// Requests waiting for the engine at most; more are refused (503 with Retry-After).
     pub max_queue: usize,
-    pub batch: worker::BatchOptions,
+    pub batch: lockstep::BatchOptions,
     /// With several ranks (rank 0 serves): how rank 0 hands its engine calls to the others.
-    pub share: Option<replica::Share>,
+    pub share: Option<lockstep::Share>,
 }
 
-/// Serves `loaded` until Ctrl-C (or SIGTERM), then lets running requests finish and returns.
-pub fn serve(loaded: LoadedModel, options: ServeOptions) -> Result<()> {
+/// Serves the model `load` makes (on the engine thread, which owns it) until Ctrl-C (or SIGTERM),
+/// then lets running requests finish and returns. A load failure is returned before anything
+/// listens.
+pub fn serve(load: impl FnOnce() -> Result<LoadedModel> + Send + 'static, options: ServeOptions) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine = worker::spawn(loaded, jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone(), options.share.clone()).context("cannot start the engine thread")?;
+    let engine = worker::spawn(Box::new(load), jobs_rx, metrics.clone(), stopping.clone(), options.batch.clone(), options.share.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -12,7 +12,7 @@ enum Mode {
     Answer,
 }
 
-/// One choice's stream of text, split as `engine::tokenizer::split_reasoning` splits a whole text.
+/// One choice's stream of text, split as `tokenizer::split_reasoning` splits a whole text.
 #[derive(Debug)]
 pub struct ReasoningStream {
     mode: Mode,
@@ -96,7 +96,7 @@ impl ReasoningStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine::tokenizer::split_reasoning;
+    use tokenizer::split_reasoning;
 
     fn stream(pieces: &[&str], opened: bool) -> (String, String) {
         let mut s = ReasoningStream::new(opened);

@@ -266,7 +266,7 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
                 let mut message = json!({"role": "assistant", "content": texts[i]});
                 let mut answer = texts[i].clone();
                 if let Some(opened) = meta.reasoning {
-                    if let (Some(r), a) = engine::tokenizer::split_reasoning(&texts[i], opened) {
+                    if let (Some(r), a) = tokenizer::split_reasoning(&texts[i], opened) {
                         message["reasoning_content"] = json!(r);
                         message["content"] = json!(a);
                         answer = a;

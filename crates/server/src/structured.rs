@@ -5,7 +5,7 @@
 use crate::api::{ApiError, GenParams};
 use crate::constrain::{compact_json, Constraints, Grammar};
 use crate::tools::ToolFormat;
-use engine::tokenizer::Tokenizer;
+use tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 pub struct Plan {

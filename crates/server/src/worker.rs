@@ -5,14 +5,14 @@
 //! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
 //! (a [`engine::cache::PagedPool`]) holds from earlier requests.
 use crate::api::{ApiError, GenParams, Prompt};
-use crate::constrain::{Constraints, Grammar};
+use crate::constrain::{compile, Constraints};
 use crate::tools::ToolFormat;
 use crate::metrics::Metrics;
-use crate::replica::{new_engine, new_pool, Call, SeqSpec, Share};
+use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, SeqSpec, Share, BLOCK};
 use engine::batch::{BatchEngine, StepToken};
 use engine::cache::PagedPool;
 use engine::sample::{init_random_draws, token_logprobs};
-use engine::tokenizer::StreamingDetokenizer;
+use tokenizer::StreamingDetokenizer;
 use engine::LoadedModel;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
@@ -63,38 +63,45 @@ pub enum Event {
     Error(ApiError),
 }
 
-/// How the engine thread batches (from `mlx-gen serve`'s flags).
-#[derive(Clone, Debug)]
-pub struct BatchOptions {
-    /// Sequences decoded together at most.
-    pub max_batch: usize,
-    /// Prompt tokens prefilled per step (between two decode steps of the running batch).
-    pub prefill_step_size: usize,
-    /// Bytes of KV cache the running sequences may reserve (prompt + max_tokens each).
-    pub kv_budget_bytes: usize,
-    /// Bytes of the prefix pool (finished sequences' keys and values kept for reuse); 0: off.
-    pub prefix_cache_bytes: usize,
-}
-
-/// Positions per block of the prefix pool (and the unit of the KV metrics).
-pub(crate) const BLOCK: usize = 16;
-
-/// Starts the engine thread; it runs until every sender of its channel is dropped. Once `stopping`
-/// is set, running jobs end at their next token (so that a shutdown never waits on a long stream).
+/// Starts the engine thread, which loads the model with `load` (the model's arrays are made,
+/// used and dropped on that thread alone: see `mlx::Array`) and then serves jobs until every
+/// sender of its channel is dropped. Returns once the model is loaded and the engine is ready,
+/// or with the load's error. Once `stopping` is set, running jobs end at their next token (so
+/// that a shutdown never waits on a long stream).
 pub fn spawn(
-    loaded: LoadedModel,
+    load: Box<dyn FnOnce() -> anyhow::Result<LoadedModel> + Send>,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
     stopping: Arc<AtomicBool>,
     options: BatchOptions,
     share: Option<Share>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let thread = std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
+        let loaded = match load() {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
         let mut worker = Worker::new(&loaded, &metrics, options, share);
+        let _ = ready_tx.send(Ok(()));
         worker.run(&jobs, &stopping);
         worker.calls.push(Call::Stop);
         worker.send_calls();
-    })
+    })?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            anyhow::bail!("the engine thread ended while loading the model")
+        }
+    }
 }
 
 /// A job's shared part: its channel and settings. The job ends when its last choice drops it.
@@ -377,7 +384,7 @@ impl<'m> Worker<'m> {
             Prompt::Chat(messages) => {
                 let text = tok.apply_chat_template_json(messages, true, plan.template_tools.as_ref(), &[]).map_err(|e| invalid("messages", e))?;
                 if tok.has_thinking() {
-                    reasoning = Some(engine::tokenizer::prompt_opens_reasoning(&text));
+                    reasoning = Some(tokenizer::prompt_opens_reasoning(&text));
                 }
                 (tok.encode(&text, false).map_err(|e| invalid("messages", e))?, "messages")
             }
@@ -506,11 +513,4 @@ impl<'m> Worker<'m> {
         let cached = self.pool.as_ref().map_or(0, |p| p.usage().1);
         self.metrics.batch(running + prefilling, blocks, cached);
     }
-}
-
-/// A fresh constraint for one sequence (the grammar was checked when the request came in).
-fn compile(constraints: Result<&Constraints, &String>, grammar: &Grammar) -> engine::Result<Box<dyn engine::sample::TokenConstraint>> {
-    let c = constraints.map_err(|e| engine::EngineError::Invalid(e.clone()))?;
-    let g = c.compile(grammar).map_err(engine::EngineError::Invalid)?;
-    Ok(Box::new(g))
 }

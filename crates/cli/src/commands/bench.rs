@@ -88,9 +88,9 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         bail!("--prefill-step-size must be at least 1");
     }
     let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let (loaded, load_s) = super::launch::load_model(&model_dir, args.pipeline)?;
+    let (loaded, load_s) = crate::rank::load_model(&model_dir, args.pipeline)?;
     // On several ranks rank 0 alone reports (the others run the same trials silently).
-    let leader = super::launch::is_leader();
+    let leader = crate::rank::is_leader();
     let table = !args.json && leader;
 
     // As mlx_lm.benchmark: seed 0, then a uniform random prompt over the vocabulary.
@@ -134,7 +134,7 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         total_s: median(trials.iter().map(|t| t.total_s)),
     };
     let pacing = if args.pacing { Some(pacing(&loaded, &prompt[..args.prompt_tokens], &args)?) } else { None };
-    super::launch::finished();
+    crate::rank::finished();
     if !leader {
         return Ok(());
     }
@@ -168,10 +168,10 @@ fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
         ..GenerateConfig::default()
     };
     let mut marks = Vec::with_capacity(args.generation_tokens);
-    super::launch::heartbeat("prefill");
+    crate::rank::heartbeat("prefill");
     for step in Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)? {
         step?;
-        super::launch::heartbeat("generation step");
+        crate::rank::heartbeat("generation step");
         marks.push(Instant::now());
     }
     let mut ms: Vec<f64> = marks.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
@@ -196,11 +196,11 @@ fn trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Trial> {
     let mut count = 0usize;
     let kv = super::cache_prompt::KvArgs { max_kv_size: None, kv_bits: None, kv_group_size: 64, quantized_kv_start: 0 };
     let cache = super::cache_prompt::make_cache(loaded, &kv, args.kv_cache)?;
-    super::launch::heartbeat("prefill");
+    crate::rank::heartbeat("prefill");
     let generator = Generator::new(loaded.model.as_ref(), prompt, cache, config)?;
     for step in generator {
         step?;
-        super::launch::heartbeat("generation step");
+        crate::rank::heartbeat("generation step");
         if first.is_none() {
             first = Some(Instant::now());
         }
@@ -235,7 +235,7 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
     let mut cache = model.make_cache();
     let all = Array::from_slice(&ids, &[b, p])?;
     let mut start = 0;
-    super::launch::heartbeat("prefill");
+    crate::rank::heartbeat("prefill");
     while p - start > 1 {
         let n = (args.prefill_step_size as i32).min(p - 1 - start);
         model.forward(&all.slice_axis(1, start, start + n)?, &mut cache)?;
@@ -254,7 +254,7 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
     for i in 1..args.generation_tokens {
         let next = greedy(&y, &mut cache)?;
         mlx::async_eval(&[&next])?;
-        super::launch::heartbeat("generation step");
+        crate::rank::heartbeat("generation step");
         y.to_vec::<u32>()?; // the host reads each step's tokens, as a generator hands them out
         y = next;
         if i % 256 == 0 {

@@ -3,7 +3,7 @@
 //! and `bench` share.
 use anyhow::{bail, Context, Result};
 use engine::cache::{self, KvCache, KvQuantConfig, PagedPool, DEFAULT_QUANTIZED_KV_START};
-use engine::tokenizer::ChatMessage;
+use tokenizer::ChatMessage;
 use engine::{GenerateConfig, Generator, LoadedModel};
 use std::io::Read;
 use std::path::PathBuf;

@@ -63,7 +63,7 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 
 fn install_ctrl_c() -> Result<()> {
     // On several ranks an answer cannot stop early: the others would not know at which token.
-    let sharded = super::launch::group().is_some();
+    let sharded = crate::rank::group().is_some();
     ctrlc::set_handler(move || {
         if !sharded && GENERATING.load(Ordering::SeqCst) && !STOP.swap(true, Ordering::SeqCst) {
             return;
@@ -80,7 +80,7 @@ fn install_ctrl_c() -> Result<()> {
 pub fn run(args: Args) -> Result<()> {
     let sampler = args.sampling.sampler_config()?;
     let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let (loaded, load_s) = super::launch::load_model(&model_dir, args.pipeline)?;
+    let (loaded, load_s) = crate::rank::load_model(&model_dir, args.pipeline)?;
     if !loaded.tokenizer.has_chat_template() {
         bail!(
             "{} has no chat template: chat needs one (use `mlx-gen generate --ignore-chat-template` for raw text)",
@@ -88,7 +88,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let sampler = args.sampling.for_model(sampler, &loaded)?;
-    let leader = super::launch::is_leader();
+    let leader = crate::rank::is_leader();
     // Only rank 0 reads standard input.
     let mut reader = if leader { Some(Reader::new()?) } else { None };
     let ansi = leader && std::io::stdout().is_terminal();
@@ -124,7 +124,7 @@ fn shared_input(reader: Option<&mut Reader>) -> Result<Input> {
         },
         None => String::new(),
     };
-    let shared = String::from_utf8(super::launch::share_from_leader(mine.as_bytes())?).context("rank 0 sent text that is not UTF-8")?;
+    let shared = String::from_utf8(crate::rank::share_from_leader(mine.as_bytes())?).context("rank 0 sent text that is not UTF-8")?;
     Ok(match shared.split_at_checked(1) {
         Some(("M", t)) => Input::Message(t.to_owned()),
         Some(("I", _)) => Input::Interrupted,
@@ -148,7 +148,7 @@ fn command(cmd: &str, session: &mut Session, loaded: &LoadedModel, out: &mut dyn
         }
         "save" if rest.is_empty() => writeln!(out, "Usage: /save FILE")?,
         // On several ranks only rank 0 writes the file.
-        "save" if !super::launch::is_leader() => {}
+        "save" if !crate::rank::is_leader() => {}
         "save" => {
             let json = serde_json::to_string_pretty(&serde_json::json!({ "messages": session.conversation() }))?;
             match std::fs::write(rest, json + "\n") {
@@ -172,7 +172,7 @@ fn turn(
     ansi: bool,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let leader = super::launch::is_leader();
+    let leader = crate::rank::is_leader();
     let prep = match session.prepare(loaded, text, args.max_tokens) {
         Ok(p) => p,
         Err(e) => {
@@ -201,7 +201,7 @@ fn turn(
     let mut handed = Vec::new();
     let mut detok = loaded.tokenizer.detokenizer();
     let (mut prompt_s, mut gen_start) = (0.0, tic);
-    super::launch::heartbeat("prefill");
+    crate::rank::heartbeat("prefill");
     let mut generator = match Generator::new(loaded.model.as_ref(), new_ids, session.take_cache(), config) {
         Ok(g) => g,
         Err(e) => {
@@ -213,7 +213,7 @@ fn turn(
     let mut failure = None;
     while !STOP.load(Ordering::SeqCst) {
         let Some(step) = generator.next() else { break };
-        super::launch::heartbeat("generation step");
+        crate::rank::heartbeat("generation step");
         let step = match step {
             Ok(s) => s,
             Err(e) => {
@@ -233,7 +233,7 @@ fn turn(
         renderer.push(out, &detok.last_segment())?;
         out.flush()?;
     }
-    super::launch::finished();
+    crate::rank::finished();
     let stopped = STOP.load(Ordering::SeqCst);
     GENERATING.store(false, Ordering::SeqCst);
     detok.finalize();

@@ -1,7 +1,7 @@
 //! `mlx-gen convert`: a Hugging Face float model (folder or repo id) or a GGUF file to an MLX model
 //! folder, as `mlx_lm.convert` does it (`-q`, `--q-bits`, `--q-group-size`, `--dtype`).
 use anyhow::{bail, Context, Result};
-use engine::convert::{convert_folder, convert_gguf, write_atomically, ConvertOptions};
+use formats::convert::{convert_folder, convert_gguf, write_atomically, ConvertOptions, ModelRules};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx::Dtype;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,20 @@ pub struct Args {
     force: bool,
 }
 
+/// The engine's architectures' `sanitize`, as `formats::convert` asks for it.
+struct EngineRules;
+
+impl ModelRules for EngineRules {
+    fn sanitize(
+        &self,
+        model_type: &str,
+        config: &serde_json::Map<String, serde_json::Value>,
+        weights: &mut std::collections::BTreeMap<String, mlx::Array>,
+    ) -> std::result::Result<(), String> {
+        engine::models::sanitize(model_type, config, weights).map_err(|e| e.to_string())
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     let opts = ConvertOptions {
         quantize: args.quantize,
@@ -57,7 +71,7 @@ pub fn run(args: Args) -> Result<()> {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         };
-        write_atomically(dst, args.force, |tmp| convert_folder(&folder, tmp, &opts, &mut progress).map(|_| ()))
+        write_atomically(dst, args.force, |tmp| convert_folder(&folder, tmp, &opts, &EngineRules, &mut progress).map(|_| ()))
             .with_context(|| format!("cannot convert {}", src.display()))?;
     }
     bar.finish_and_clear();
@@ -92,7 +106,7 @@ fn source_folder(src: &Path) -> Result<PathBuf> {
     if src.is_file() {
         bail!("{} is a file: convert takes a model folder, a repo id or a .gguf file", src.display());
     }
-    match src.to_str().filter(|s| engine::hub::is_repo_id(s)) {
+    match src.to_str().filter(|s| formats::hub::is_repo_id(s)) {
         Some(repo) => crate::model_arg::hub_snapshot(repo),
         None => bail!("{} does not exist (nor is it a Hugging Face repo id like org/name)", src.display()),
     }

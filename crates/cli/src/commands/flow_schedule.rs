@@ -1,6 +1,6 @@
 //! `mlx-gen flow-schedule`: print the flow-matching Euler schedule (sigmas and timesteps of diffusers' FlowMatchEulerDiscreteScheduler) as a table or JSON.
 use anyhow::Result;
-use engine::flow::{DynamicShift, FlowSchedule, Shift, Spacing};
+use flow::{DynamicShift, FlowSchedule, Shift, Spacing};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum SpacingArg {
@@ -13,7 +13,7 @@ pub enum SpacingArg {
 #[derive(clap::Args)]
 pub struct Args {
     /// Number of denoising steps N (N + 1 sigmas, N timesteps).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=engine::flow::MAX_STEPS as i64))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=flow::MAX_STEPS as i64))]
     pub steps: u32,
     /// Static shift s: sigma' = s*sigma / (1 + (s-1)*sigma) (SD3: 3.0). Default 1 (no shift).
     #[arg(long, conflicts_with_all = ["image_seq_len", "mu"], allow_hyphen_values = true)]

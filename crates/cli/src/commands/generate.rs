@@ -1,7 +1,7 @@
 //! `mlx-gen generate`: one prompt in, text out, as `mlx_lm.generate` does it (chat template,
 //! streaming, statistics), plus `--output json` for programs.
 use anyhow::{bail, Context, Result};
-use engine::tokenizer::ChatMessage;
+use tokenizer::ChatMessage;
 use super::cache_prompt::{KvArgs, KvCacheKind};
 use super::sampling::SamplingArgs;
 use constrain::ConstrainArgs;
@@ -108,10 +108,10 @@ pub fn run(args: Args) -> Result<()> {
     let raw = if args.prompt == "-" {
         // On several ranks, rank 0 reads standard input and hands the prompt to the others.
         let mut s = String::new();
-        if super::launch::is_leader() {
+        if crate::rank::is_leader() {
             std::io::stdin().read_to_string(&mut s).context("cannot read the prompt from standard input")?;
         }
-        String::from_utf8(super::launch::share_from_leader(s.as_bytes())?).context("the prompt is not UTF-8")?
+        String::from_utf8(crate::rank::share_from_leader(s.as_bytes())?).context("the prompt is not UTF-8")?
     } else {
         args.prompt.replace("\\n", "\n").replace("\\t", "\t")
     };
@@ -144,7 +144,7 @@ pub fn run(args: Args) -> Result<()> {
         (m, _) => m.clone(),
     };
     let model_dir = crate::model_arg::resolve(model_arg.as_deref())?;
-    let (loaded, _) = super::launch::load_model(&model_dir, args.pipeline)?;
+    let (loaded, _) = crate::rank::load_model(&model_dir, args.pipeline)?;
     if args.spec.enabled() && args.kv.max_kv_size.is_some() {
         bail!("--max-kv-size does not combine with speculative decoding (its rotating cache cannot be rewound)");
     }
@@ -168,7 +168,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         messages.push(ChatMessage { role: "user".into(), content: raw });
         let mut text = tok.apply_chat_template(&messages, true)?;
-        opens_reasoning = engine::tokenizer::prompt_opens_reasoning(&text);
+        opens_reasoning = tokenizer::prompt_opens_reasoning(&text);
         if loaded_cache.is_some() {
             // The prompt is a suffix: the cached prefix ends where the user's message starts.
             if let Some(m) = messages.last_mut() {
@@ -211,10 +211,10 @@ pub fn run(args: Args) -> Result<()> {
         Some(c) => c.cache,
         None => super::cache_prompt::make_cache_with(&loaded, &args.kv, args.kv_cache, args.kv_block_size)?,
     };
-    super::launch::heartbeat("prefill");
+    crate::rank::heartbeat("prefill");
     let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config, constraint)?;
     for step in stream.by_ref() {
-        super::launch::heartbeat("generation step");
+        crate::rank::heartbeat("generation step");
         let (step, _from_draft) = step?;
         if tokens.is_empty() {
             prompt_time = tic.elapsed().as_secs_f64();
@@ -236,7 +236,7 @@ pub fn run(args: Args) -> Result<()> {
             out.flush()?;
         }
     }
-    super::launch::finished();
+    crate::rank::finished();
     detok.finalize();
     let constraint_note = stream.constraint_note();
     if let (Some(n), false) = (&constraint_note, json) {
@@ -253,7 +253,7 @@ pub fn run(args: Args) -> Result<()> {
     let peak_memory_gb = mlx::runtime::peak_memory() as f64 / 1e9;
     if json {
         let (reasoning, answer) = if tok.has_thinking() {
-            match engine::tokenizer::split_reasoning(detok.text(), opens_reasoning) {
+            match tokenizer::split_reasoning(detok.text(), opens_reasoning) {
                 (Some(r), a) => (Some(r), Some(a)),
                 (None, _) => (None, None),
             }

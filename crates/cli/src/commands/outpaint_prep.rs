@@ -1,6 +1,6 @@
 //! `mlx-gen outpaint-prep`: the padded outpainting canvas (source pixels bit-exact), its binary mask, and an optional feathered mask, as PNG files.
 use anyhow::{bail, Context, Result};
-use engine::flow::outpaint::{self, Fill, Pad, Raster};
+use flow::outpaint::{self, Fill, Pad, Raster};
 use image::{DynamicImage, ImageBuffer, ImageFormat, ImageReader};
 use std::path::{Path, PathBuf};
 

@@ -59,23 +59,25 @@ pub fn run(args: Args) -> Result<()> {
         // cuDNN graph build per new shape on the GPU (see engine::nn::sdpa).
         engine::nn::sdpa::set_composed_max(args.prefill_step_size.min(2048) as i32);
     }
-    let (loaded, _) = super::launch::load_model(&dir, args.pipeline)?;
-    let batch = server::worker::BatchOptions {
+    let batch = server::lockstep::BatchOptions {
         max_batch: args.max_batch_size,
         prefill_step_size: args.prefill_step_size,
         kv_budget_bytes: args.kv_budget_mb << 20,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
     };
     // On several ranks rank 0 serves and the others replay its engine calls.
-    let share: Option<server::replica::Share> =
-        super::launch::group().map(|_| std::sync::Arc::new(|b: &[u8]| super::launch::share_from_leader(b)) as server::replica::Share);
-    if let Some(share) = share.clone().filter(|_| !super::launch::is_leader()) {
+    let share: Option<server::lockstep::Share> =
+        crate::rank::group().map(|_| std::sync::Arc::new(|b: &[u8]| crate::rank::share_from_leader(b)) as server::lockstep::Share);
+    if let Some(share) = share.clone().filter(|_| !crate::rank::is_leader()) {
         // A terminal's Ctrl-C reaches every rank: rank 0 decides when the group stops.
         let _ = signal_hook::flag::register(signal_hook::consts::SIGINT, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let (loaded, _) = crate::rank::load_model(&dir, args.pipeline)?;
         return server::replica::follow(loaded, share, batch);
     }
+    // The engine thread loads the model and alone holds its arrays.
+    let pipeline = args.pipeline;
     server::serve(
-        loaded,
+        move || crate::rank::load_model(&dir, pipeline).map(|(loaded, _)| loaded),
         server::ServeOptions {
             model_id,
             host: args.host,

@@ -37,7 +37,7 @@ pub enum StateNode {
     List(Vec<StateNode>),
 }
 
-pub trait KvCache: Send {
+pub trait KvCache {
     /// Number of positions processed so far (the RoPE offset of the next token).
     fn offset(&self) -> i32;
     /// This cache as a batch cache, when it is one.

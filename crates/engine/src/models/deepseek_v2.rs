@@ -12,7 +12,7 @@ use crate::nn::mla::{MlaProjections, MlaSpec};
 use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
 use crate::nn::{Linear, QuantConfig, Rope, RopeScaling};
 use crate::shard::ShardMode;
-use crate::weights::{Vb, Weights};
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::fast::Mask;
 use mlx::{ops, Array};

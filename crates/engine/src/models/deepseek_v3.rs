@@ -12,7 +12,7 @@ use crate::error::{EngineError, Result};
 use crate::nn::mla::{MlaProjections, MlaSpec, MultiLinear};
 use crate::nn::moe::{stack_experts, Ffn, GluMlp, Router};
 use crate::nn::{QuantConfig, Rope, RopeScaling};
-use crate::weights::{Vb, Weights};
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::fast::Mask;
 use mlx::ops::{self, QuantSpec};
@@ -189,7 +189,7 @@ fn split_kv_b(weights: &mut Weights, prefix: &str, c: &V2Config) -> Result<()> {
     let Some(mut v) = weights.remove(&format!("{prefix}.kv_b_proj.weight")) else { return Ok(()) };
     let mut spec = None;
     if weights.contains(&format!("{prefix}.kv_b_proj.scales")) {
-        let missing = |n: &str| EngineError::MissingTensor(format!("{prefix}.kv_b_proj.{n}"));
+        let missing = |n: &str| EngineError::missing_tensor(format!("{prefix}.kv_b_proj.{n}"));
         let scales = weights.remove(&format!("{prefix}.kv_b_proj.scales")).ok_or_else(|| missing("scales"))?;
         let biases = weights.remove(&format!("{prefix}.kv_b_proj.biases")).ok_or_else(|| missing("biases"))?;
         let dims = c.kv_lora_rank;

@@ -4,7 +4,7 @@
 //! (`float8_e4m3fn`, read from safetensors as uint8) with 128x128 `weight_scale_inv` block scales
 //! are dequantized to bfloat16.
 use crate::error::{EngineError, Result};
-use crate::weights::Weights;
+use checkpoint::Weights;
 use mlx::{Array, Dtype};
 
 /// The FP8 block size (`bs = 128` in mlx-lm).
@@ -30,7 +30,7 @@ fn remap_packed_int4(weights: &mut Weights) -> Result<()> {
         let base = k.replace("weight_shape", "");
         let take = |w: &mut Weights, n: &str| -> Result<Array> {
             let name = format!("{base}{n}");
-            w.remove(&name).ok_or(EngineError::MissingTensor(name))
+            w.remove(&name).ok_or(EngineError::missing_tensor(name))
         };
         let packed = take(weights, "weight_packed")?;
         if packed.dtype().size() != 4 {
@@ -61,7 +61,7 @@ fn dequantize_fp8(weights: &mut Weights) -> Result<()> {
         }
         let wk = k.replace("_scale_inv", "");
         let scale_inv = weights.remove(&k).expect("listed by names()");
-        let weight = weights.remove(&wk).ok_or_else(|| EngineError::MissingTensor(wk.clone()))?;
+        let weight = weights.remove(&wk).ok_or_else(|| EngineError::missing_tensor(wk.clone()))?;
         weights.insert(wk.clone(), dequantize_blocks(&wk, &weight, &scale_inv)?);
     }
     Ok(())
@@ -83,7 +83,7 @@ pub fn dequantize_blocks(name: &str, weight: &Array, scale_inv: &Array) -> Resul
     let (pad_bottom, pad_side) = ((-m).rem_euclid(BLOCK), (-n).rem_euclid(BLOCK));
     let (mb, nb) = ((m + pad_bottom) / BLOCK, (n + pad_side) / BLOCK);
     if scale_inv.shape() != [mb, nb] {
-        return Err(EngineError::Shape { name: format!("{name}_scale_inv"), found: scale_inv.shape(), expected: vec![mb, nb] });
+        return Err(EngineError::shape(format!("{name}_scale_inv"), scale_inv.shape(), vec![mb, nb]));
     }
     let w = weight.from_fp8(Dtype::BF16)?.pad(&[(0, pad_bottom), (0, pad_side)], 0.0)?;
     let w = w.reshape(&[mb, BLOCK, nb, BLOCK])?; // (row blocks, 128, column blocks, 128)

@@ -4,7 +4,7 @@ use super::transformer::{self, CacheLayout, DecoderSpec};
 use super::Model;
 use crate::error::{EngineError, Result};
 use crate::nn::{AttentionSpec, QuantConfig, Rope, RopeScaling};
-use crate::weights::Weights;
+use checkpoint::Weights;
 use serde::Deserialize;
 
 /// `ModelArgs` of mlx-lm's llama.py, with its defaults.

@@ -13,11 +13,12 @@ pub use transformer::CacheLayout;
 use crate::cache::{GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::QuantConfig;
-use crate::weights::Weights;
+use checkpoint::Weights;
 use mlx::Array;
+use std::collections::BTreeMap;
 
 /// A loaded language model.
-pub trait Model: Send {
+pub trait Model {
     fn model_type(&self) -> &str;
     fn vocab_size(&self) -> i32;
     /// Every weight array, for evaluation at load and memory accounting.
@@ -89,6 +90,33 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("deepseek_v3", deepseek_v3::load),
 ];
 
+/// mlx-lm's `Model.sanitize` for a Hugging Face float checkpoint of `model_type`, as `mlx-gen
+/// convert` applies it before writing (the CLI hands it to `formats::convert` as its `ModelRules`).
+pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::Value>, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    // Whether the head is tied when config.json does not say (the architecture's default).
+    let tie_default = match model_type {
+        "llama" | "mistral" | "qwen2" => Some(true),
+        "qwen3" => None,
+        other => {
+            return Err(EngineError::UnsupportedModel {
+                found: other.to_owned(),
+                supported: "llama, mistral, qwen2, qwen3".into(),
+            })
+        }
+    };
+    let tie = config.get("tie_word_embeddings").and_then(serde_json::Value::as_bool).or(tie_default).ok_or_else(|| {
+        EngineError::Config(format!("{model_type} config.json needs tie_word_embeddings"))
+    })?;
+    if model_type != "qwen3" {
+        weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq"));
+    }
+    if tie {
+        weights.remove("lm_head.weight");
+    }
+    Ok(())
+}
+
+/// Every `model_type` the registry loads.
 pub fn supported_model_types() -> Vec<&'static str> {
     REGISTRY.iter().map(|(name, _)| *name).collect()
 }

@@ -7,12 +7,12 @@ use crate::cache::KvCache;
 use crate::error::Result;
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm};
 use crate::pipeline::Stage;
-use crate::weights::{Vb, Weights};
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::Array;
 
 /// A layer's attention or feed-forward part, as tensor parallel and memory accounting see it.
-pub(crate) trait Part: Clone + Send {
+pub(crate) trait Part: Clone {
     /// Every weight array.
     fn arrays(&self) -> Vec<&Array>;
     /// This rank's share for tensor parallel over `group` (mlx-lm's `shard`).
@@ -25,7 +25,7 @@ pub(crate) trait FeedForward: Part {
 }
 
 /// What one architecture adds to the skeleton.
-pub(crate) trait Arch: Send + 'static {
+pub(crate) trait Arch: 'static {
     type Attn: Part;
     type Ffn: FeedForward;
     /// What a forward pass computes once for all its layers (the attention masks).

@@ -7,7 +7,7 @@ use crate::cache::{CacheMask, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
 use crate::nn::{Attention, AttentionSpec, Linear, QuantConfig, Rope};
 use crate::shard::ShardMode;
-use crate::weights::Weights;
+use checkpoint::Weights;
 use mlx::distributed::Group;
 use mlx::Array;
 
@@ -55,7 +55,7 @@ pub(crate) struct Mlp {
 }
 
 impl Mlp {
-    fn load(vb: &crate::weights::Vb<'_>, d: i32, ff: i32, bias: bool, q: &QuantConfig) -> Result<Mlp> {
+    fn load(vb: &checkpoint::Vb<'_>, d: i32, ff: i32, bias: bool, q: &QuantConfig) -> Result<Mlp> {
         let gate = Linear::load(&vb.pp("gate_proj"), d, ff, bias, q)?;
         let up = Linear::load(&vb.pp("up_proj"), d, ff, bias, q)?;
         let fused = if crate::nn::fused_projections() { Linear::fuse(&[&gate, &up])? } else { None };

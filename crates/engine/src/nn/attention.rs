@@ -4,7 +4,7 @@ use super::{Linear, QuantConfig, RmsNorm, Rope};
 use crate::cache::KvCache;
 use crate::error::Result;
 use crate::shard::ShardMode;
-use crate::weights::Vb;
+use checkpoint::Vb;
 use mlx::fast::Mask;
 use mlx::distributed::Group;
 use mlx::Array;

@@ -1,7 +1,7 @@
 //! `nn.Embedding` and `nn.QuantizedEmbedding`, including `as_linear` for tied output heads.
 use super::quant::{QuantConfig, Quantized};
 use crate::error::Result;
-use crate::weights::Vb;
+use checkpoint::Vb;
 use mlx::{ops, Array};
 
 #[derive(Clone)]

@@ -2,7 +2,7 @@
 use super::quant::{QuantConfig, Quantized};
 use crate::error::Result;
 use crate::shard::{self, ShardMode};
-use crate::weights::Vb;
+use checkpoint::Vb;
 use mlx::distributed::Group;
 use mlx::{ops, Array};
 

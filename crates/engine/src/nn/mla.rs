@@ -5,7 +5,7 @@ use super::quant::{QuantConfig, Quantized};
 use super::{Linear, RmsNorm, RopeScaling};
 use crate::error::Result;
 use crate::shard::ShardMode;
-use crate::weights::Vb;
+use checkpoint::Vb;
 use mlx::distributed::Group;
 use mlx::{ops, Array};
 

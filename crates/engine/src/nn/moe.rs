@@ -4,7 +4,7 @@ use super::quant::QuantConfig;
 use super::Linear;
 use crate::error::{EngineError, Result};
 use crate::shard::{self, ShardMode};
-use crate::weights::{Vb, Weights};
+use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::ops::{self, QuantSpec};
 use mlx::runtime::Device;
@@ -22,7 +22,7 @@ pub fn stack_experts(weights: &mut Weights, prefix: &str, n_experts: i32) -> Res
             let parts = (0..n_experts)
                 .map(|e| {
                     let name = format!("{prefix}.experts.{e}.{m}.{k}");
-                    weights.remove(&name).ok_or(EngineError::MissingTensor(name))
+                    weights.remove(&name).ok_or(EngineError::missing_tensor(name))
                 })
                 .collect::<Result<Vec<Array>>>()?;
             let stacked = ops::stack(&parts.iter().collect::<Vec<_>>(), 0)?;
@@ -204,7 +204,7 @@ impl GluMlp {
 }
 
 /// A mixture-of-experts router: x (B, L, hidden) -> expert indices and their weights, each (B, L, k).
-pub trait Router: Clone + Send {
+pub trait Router: Clone {
     fn route(&self, x: &Array) -> Result<(Array, Array)>;
     fn arrays(&self) -> Vec<&Array>;
 }

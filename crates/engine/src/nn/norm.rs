@@ -1,6 +1,6 @@
 //! `nn.RMSNorm` through MLX's fused kernel.
 use crate::error::Result;
-use crate::weights::Vb;
+use checkpoint::Vb;
 use mlx::{fast, Array};
 
 #[derive(Clone)]

@@ -2,7 +2,7 @@
 //! decides each layer's parameters (present `scales` mean quantized; bits and group size from shapes
 //! unless the layer's path is named in the entry).
 use crate::error::{EngineError, Result};
-use crate::weights::Vb;
+use checkpoint::Vb;
 use mlx::ops::QuantSpec;
 use std::collections::HashMap;
 
@@ -96,12 +96,12 @@ impl QuantConfig {
         }
         // As mlx-lm's infer_quant_config: from the packed weight and scales shapes.
         let (Some(w), Some(s)) = (vb.shape("weight"), vb.shape("scales")) else {
-            return Err(EngineError::MissingTensor(vb.path("weight")));
+            return Err(EngineError::missing_tensor(vb.path("weight")));
         };
         let last = |v: &[i32]| v.last().copied().unwrap_or(0);
         let (packed, groups) = (last(&w), last(&s));
         if groups <= 0 || in_dims % groups != 0 || (packed * 32) % in_dims != 0 {
-            return Err(EngineError::Shape { name: vb.path("scales"), found: s, expected: vec![-1, -1] });
+            return Err(EngineError::shape(vb.path("scales"), s, vec![-1, -1]));
         }
         let spec = QuantSpec { group_size: in_dims / groups, bits: packed * 32 / in_dims };
         if ![2, 3, 4, 5, 6, 8].contains(&spec.bits) {

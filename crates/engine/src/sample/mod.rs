@@ -102,6 +102,36 @@ impl SamplerConfig {
         self.temp == 0.0
     }
 
+    /// The sampling chain every generator runs on a step's logits, as mlx-lm's `_step` and
+    /// `_process_and_sample`: the logits processors (over the token `history`), the log-softmax,
+    /// then the sampler, drawing from `keys` (else MLX's global key). logits (N, vocab) -> tokens
+    /// (N,) and log-probabilities (N, vocab). One row's log-softmax reduces over the whole array,
+    /// as `generate_step` writes it; several rows reduce over the last axis.
+    pub fn process_and_sample(&self, logits: &Array, history: Option<&Array>, keys: Option<&mut random::KeySeq>) -> Result<(Array, Array)> {
+        self.process_and_sample_masked(logits, history, keys, None)
+    }
+
+    /// [`Self::process_and_sample`] with constrained decoding's token mask (see [`constraint`]):
+    /// every token `allowed` (N * vocab flags, row after row) does not name is set to -inf after the
+    /// logits processors, before the log-softmax.
+    pub fn process_and_sample_masked(
+        &self,
+        logits: &Array,
+        history: Option<&Array>,
+        keys: Option<&mut random::KeySeq>,
+        allowed: Option<&[bool]>,
+    ) -> Result<(Array, Array)> {
+        let logits = if self.processors.is_empty() { logits.clone() } else { self.processors.apply(history, logits)? };
+        let logits = match allowed {
+            Some(allowed) => constraint::apply_mask(&logits, allowed)?,
+            None => logits,
+        };
+        let axes: &[i32] = if logits.dim(0) == 1 { &[] } else { &[-1] };
+        let logprobs = logits.sub(&logits.logsumexp(axes, true)?)?;
+        let token = self.sample_keyed(&logprobs, keys)?;
+        Ok((token, logprobs))
+    }
+
     /// logprobs (1, vocab) -> token (1,), drawing from MLX's global key.
     pub fn sample(&self, logprobs: &Array) -> Result<Array> {
         self.sample_keyed(logprobs, None)

@@ -1,7 +1,7 @@
 //! The conversation and its KV cache: each turn re-renders the chat template and prefills only the tokens after the longest common prefix with the cache.
 use anyhow::{bail, Result};
 use engine::cache::KvCache;
-use engine::tokenizer::ChatMessage;
+use tokenizer::ChatMessage;
 use engine::LoadedModel;
 
 /// Messages so far, the cache and the token ids it holds.

@@ -11,7 +11,8 @@ pub use ring::PagedRingCache;
 use super::{KvCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::{ops, Array};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::rc::Rc;
+use std::sync::{Mutex, MutexGuard};
 
 /// Positions added to a layer's storage at a time (whole blocks; as the growing cache's step).
 const GROW_POSITIONS: usize = 256;
@@ -26,7 +27,7 @@ struct Inner {
 
 /// The shared block pool. Clone it to share; sequences made from it share prefixes.
 #[derive(Clone)]
-pub struct PagedPool(Arc<Mutex<Inner>>);
+pub struct PagedPool(Rc<Mutex<Inner>>);
 
 fn err(e: AllocError) -> EngineError {
     EngineError::Invalid(e.to_string())
@@ -41,7 +42,7 @@ impl PagedPool {
             layers: (0..num_layers).map(|_| None).collect(),
             budget_bytes,
         };
-        PagedPool(Arc::new(Mutex::new(inner)))
+        PagedPool(Rc::new(Mutex::new(inner)))
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -55,7 +56,7 @@ impl PagedPool {
         let (seq, reused) = inner.alloc.allocate(tokens);
         let n = inner.layers.len();
         drop(inner);
-        let handle = Arc::new(SeqHandle { pool: self.clone(), seq });
+        let handle = Rc::new(SeqHandle { pool: self.clone(), seq });
         let caches = (0..n)
             .map(|layer| Box::new(PagedCache { seq: handle.clone(), layer, offset: reused as i32 }) as Box<dyn KvCache>)
             .collect();
@@ -93,7 +94,7 @@ impl Drop for SeqHandle {
 
 /// One layer's view of one sequence in a [`PagedPool`]. Batch size 1.
 pub struct PagedCache {
-    seq: Arc<SeqHandle>,
+    seq: Rc<SeqHandle>,
     layer: usize,
     offset: i32,
 }

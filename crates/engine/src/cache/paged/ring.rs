@@ -13,7 +13,8 @@ use crate::error::{EngineError, Result};
 use mlx::ops::{self, QuantSpec};
 use mlx::Array;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
+use std::sync::Mutex;
 
 /// Positions a buffer grows by until it holds the window (mlx-lm's `RotatingKVCache.step`).
 const STEP: i32 = 256;
@@ -36,7 +37,7 @@ impl Drop for RingHandle {
 
 /// One layer's rotating window of one sequence in a [`PagedPool`]. Batch size 1.
 pub struct PagedRingCache {
-    ring: Arc<RingHandle>,
+    ring: Rc<RingHandle>,
     layer: usize,
     /// Positions seen (the RoPE offset).
     offset: i32,
@@ -65,22 +66,22 @@ impl PagedPool {
                 "a rotating KV cache of {max_size} positions cannot keep its first {keep}: the window must be larger"
             )));
         }
-        let mut full: Option<Arc<SeqHandle>> = None;
-        let mut rings: BTreeMap<(i32, i32), Arc<RingHandle>> = BTreeMap::new();
+        let mut full: Option<Rc<SeqHandle>> = None;
+        let mut rings: BTreeMap<(i32, i32), Rc<RingHandle>> = BTreeMap::new();
         let mut caches: Vec<Box<dyn KvCache>> = Vec::with_capacity(n);
         for (layer, w) in windows.iter().enumerate() {
             caches.push(match *w {
                 None => {
                     let seq = full.get_or_insert_with(|| {
                         let (seq, _) = self.lock().alloc.allocate(&[]);
-                        Arc::new(SeqHandle { pool: self.clone(), seq })
+                        Rc::new(SeqHandle { pool: self.clone(), seq })
                     });
                     Box::new(PagedCache { seq: seq.clone(), layer, offset: 0 })
                 }
                 Some((max_size, keep)) => {
                     let ring = rings.entry((max_size, keep)).or_insert_with(|| {
                         let (seq, _) = self.lock().alloc.allocate(&[]);
-                        Arc::new(RingHandle { pool: self.clone(), seq, caps: Mutex::new(vec![0; n]) })
+                        Rc::new(RingHandle { pool: self.clone(), seq, caps: Mutex::new(vec![0; n]) })
                     });
                     Box::new(PagedRingCache { ring: ring.clone(), layer, offset: 0, idx: 0, cap: 0, keep, max_size })
                 }

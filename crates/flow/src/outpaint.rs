@@ -1,5 +1,5 @@
 //! Outpainting canvases: the source copied bit-exact into a padded canvas (edge, reflect or constant fill, sides rounded up to a latent alignment), its binary mask and an optional feathered mask.
-use crate::{EngineError, Result};
+use crate::{FlowError, Result};
 
 /// The largest canvas side accepted, in pixels.
 pub const MAX_SIDE: u32 = 16384;
@@ -21,20 +21,20 @@ impl Pad {
             .iter()
             .map(|p| {
                 if p.starts_with('-') {
-                    return Err(EngineError::Invalid(format!("padding cannot be negative, got {p} in {s:?}")));
+                    return Err(FlowError::Invalid(format!("padding cannot be negative, got {p} in {s:?}")));
                 }
                 let n: u64 = p.parse().map_err(|_| {
-                    EngineError::Invalid(format!("padding {p:?} in {s:?} is not a whole number of pixels"))
+                    FlowError::Invalid(format!("padding {p:?} in {s:?} is not a whole number of pixels"))
                 })?;
                 u32::try_from(n).ok().filter(|&n| n <= MAX_SIDE).ok_or_else(|| {
-                    EngineError::Invalid(format!("padding {n} is too large (at most {MAX_SIDE} pixels a side)"))
+                    FlowError::Invalid(format!("padding {n} is too large (at most {MAX_SIDE} pixels a side)"))
                 })
             })
             .collect::<Result<Vec<u32>>>()?;
         match nums[..] {
             [n] => Ok(Pad { left: n, top: n, right: n, bottom: n }),
             [left, top, right, bottom] => Ok(Pad { left, top, right, bottom }),
-            _ => Err(EngineError::Invalid(format!("padding must be LEFT,TOP,RIGHT,BOTTOM (or one number), got {s:?}"))),
+            _ => Err(FlowError::Invalid(format!("padding must be LEFT,TOP,RIGHT,BOTTOM (or one number), got {s:?}"))),
         }
     }
 
@@ -60,13 +60,13 @@ fn grow(size: u32, a: u32, b: u32, align: u32) -> (u64, u64) {
 /// sides are multiples of `align` (≥ 1), with each side at most [`MAX_SIDE`].
 pub fn aligned_pad(width: u32, height: u32, pad: Pad, align: u32) -> Result<Pad> {
     if align == 0 || align > 1024 {
-        return Err(EngineError::Invalid(format!("alignment must be between 1 and 1024, got {align}")));
+        return Err(FlowError::Invalid(format!("alignment must be between 1 and 1024, got {align}")));
     }
     let (left, right) = grow(width, pad.left, pad.right, align);
     let (top, bottom) = grow(height, pad.top, pad.bottom, align);
     let (w, h) = (u64::from(width) + left + right, u64::from(height) + top + bottom);
     if w > u64::from(MAX_SIDE) || h > u64::from(MAX_SIDE) {
-        return Err(EngineError::Invalid(format!(
+        return Err(FlowError::Invalid(format!(
             "the padded canvas would be {w}x{h} pixels, more than the {MAX_SIDE}x{MAX_SIDE} allowed"
         )));
     }
@@ -112,14 +112,14 @@ pub fn source_index(i: i64, n: i64, reflect: bool) -> i64 {
 pub fn expand<T: Copy>(src: &Raster<T>, pad: Pad, fill: &Fill<T>) -> Result<Raster<T>> {
     let (w, h, c) = (src.width as usize, src.height as usize, src.channels);
     if w == 0 || h == 0 || c == 0 || src.data.len() != w * h * c {
-        return Err(EngineError::Invalid(format!(
+        return Err(FlowError::Invalid(format!(
             "bad source image: {w}x{h} pixels of {c} channels in {} samples",
             src.data.len()
         )));
     }
     if let Fill::Constant(px) = fill {
         if px.len() != c {
-            return Err(EngineError::Invalid(format!("fill colour has {} channels, the image {c}", px.len())));
+            return Err(FlowError::Invalid(format!("fill colour has {} channels, the image {c}", px.len())));
         }
     }
     let ow = w + (pad.left + pad.right) as usize;
@@ -197,7 +197,7 @@ pub fn color_samples(rgb: [u8; 3], channels: usize) -> Vec<u8> {
 /// Parses `#RRGGBB` (the `#` optional).
 pub fn parse_color(s: &str) -> Result<[u8; 3]> {
     let hex = s.strip_prefix('#').unwrap_or(s);
-    let bad = || EngineError::Invalid(format!("colour must be #RRGGBB, got {s:?}"));
+    let bad = || FlowError::Invalid(format!("colour must be #RRGGBB, got {s:?}"));
     if hex.len() != 6 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(bad());
     }

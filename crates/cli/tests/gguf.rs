@@ -1,8 +1,8 @@
 //! GGUF import tests: exact dequantization against gguf-py on a synthetic file, the Q/K permutation,
 //! corrupt files, and the real SmolLM2 GGUF against transformers (tokens) and mlx-lm (generation).
 //! Needs the oracle venv (scripts/oracle-venv.sh) with the `gguf` package; fails, never skips.
-use engine::default_model::{default_model_dir_in, extract_verified};
-use engine::gguf::{import_gguf, permute_rows, unpermute_rows, GgufFile, ImportOptions};
+use formats::default_model::{default_model_dir_in, extract_verified};
+use formats::gguf::{import_gguf, permute_rows, unpermute_rows, GgufFile, ImportOptions};
 use engine::{GenerateConfig, Generator, LoadedModel};
 use mlx::ops::QuantSpec;
 use mlx::{Array, Dtype};

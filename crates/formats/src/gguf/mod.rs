@@ -1,6 +1,6 @@
 //! GGUF import: reads a llama.cpp GGUF file (architectures `llama`, `qwen2`) and writes an MLX model
 //! folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) that mlx-lm and
-//! [`crate::LoadedModel`] load, keeping Q4_0/Q4_1/Q8_0 weights bit-exact.
+//! the engine's `LoadedModel` load, keeping Q4_0/Q4_1/Q8_0 weights bit-exact.
 mod convert;
 mod quants;
 mod reader;

@@ -1,4 +1,9 @@
-//! Flow-matching (rectified-flow) sampling core of SD3/FLUX: the Euler discrete sigma schedule, the Euler step on MLX arrays, img2img strength, and outpainting canvases.
+//! Flow-matching (rectified-flow) sampling core of SD3/FLUX: the Euler discrete sigma schedule, the
+//! Euler step on MLX arrays, img2img strength, and outpainting canvases.
+//!
+//! This crate is an image-model concern used by the CLI's `flow-schedule` and `outpaint-prep`
+//! commands only: it owns the schedule maths and the canvas, never loads or runs a language model,
+//! and depends on nothing of mlx-gen but the MLX bindings.
 //!
 //! The schedule follows diffusers' `FlowMatchEulerDiscreteScheduler.set_timesteps` (the published
 //! formulas, computed in f64):
@@ -20,8 +25,18 @@
 //! `step`: x ← x + (σ_next − σ)·v, computed in f32 and cast back to x's dtype.
 pub mod outpaint;
 
-use crate::{EngineError, Result};
 use mlx::{Array, Dtype};
+
+/// A bad schedule or canvas request, or an MLX failure in a step.
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    #[error(transparent)]
+    Mlx(#[from] mlx::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, FlowError>;
 
 /// Number of training timesteps of SD3/FLUX (timesteps = σ·1000).
 pub const NUM_TRAIN_TIMESTEPS: f64 = 1000.0;
@@ -69,7 +84,7 @@ impl DynamicShift {
         let d = self.max_seq_len - self.base_seq_len;
         let vals = [self.base_shift, self.max_shift, self.base_seq_len, self.max_seq_len];
         if !vals.iter().all(|v| v.is_finite()) || d == 0.0 {
-            return Err(EngineError::Invalid(format!(
+            return Err(FlowError::Invalid(format!(
                 "dynamic shift needs finite values and max_seq_len != base_seq_len, got {self:?}"
             )));
         }
@@ -116,18 +131,18 @@ impl FlowSchedule {
     /// The schedule of `steps` steps with `shift` and base `spacing` (see the module doc).
     pub fn new(steps: usize, shift: Shift, spacing: Spacing) -> Result<FlowSchedule> {
         if steps == 0 || steps > MAX_STEPS {
-            return Err(EngineError::Invalid(format!("steps must be between 1 and {MAX_STEPS}, got {steps}")));
+            return Err(FlowError::Invalid(format!("steps must be between 1 and {MAX_STEPS}, got {steps}")));
         }
         let a = match shift {
             Shift::Static(s) if s.is_finite() && s > 0.0 => s,
             Shift::Static(s) => {
-                return Err(EngineError::Invalid(format!("shift must be a finite number > 0, got {s}")))
+                return Err(FlowError::Invalid(format!("shift must be a finite number > 0, got {s}")))
             }
             Shift::Dynamic { mu } if mu.is_finite() => mu.exp(),
-            Shift::Dynamic { mu } => return Err(EngineError::Invalid(format!("mu must be finite, got {mu}"))),
+            Shift::Dynamic { mu } => return Err(FlowError::Invalid(format!("mu must be finite, got {mu}"))),
         };
         if !a.is_finite() || a <= 0.0 {
-            return Err(EngineError::Invalid(format!("the shift e^mu = {a} is out of range; use a smaller mu")));
+            return Err(FlowError::Invalid(format!("the shift e^mu = {a} is out of range; use a smaller mu")));
         }
         let base = match spacing {
             Spacing::Diffusers => {
@@ -144,7 +159,7 @@ impl FlowSchedule {
         let timesteps = sigmas.iter().map(|s| s * NUM_TRAIN_TIMESTEPS).collect();
         sigmas.push(0.0);
         if let Some(i) = sigmas.windows(2).position(|w| w[1] >= w[0]) {
-            return Err(EngineError::Invalid(format!(
+            return Err(FlowError::Invalid(format!(
                 "with this shift the {steps}-step schedule no longer strictly decreases (sigma {} = {} and \
                  sigma {} = {} at f64 precision); use a smaller shift or fewer steps",
                 i,
@@ -165,7 +180,7 @@ impl FlowSchedule {
     /// `get_timesteps`: `int(max(N − min(N·strength, N), 0))`. Equals N (no steps) at strength 0.
     pub fn start_index(&self, strength: f64) -> Result<usize> {
         if !(0.0..=1.0).contains(&strength) {
-            return Err(EngineError::Invalid(format!("strength must be between 0 and 1, got {strength}")));
+            return Err(FlowError::Invalid(format!("strength must be between 0 and 1, got {strength}")));
         }
         let n = self.steps() as f64;
         let init = (n * strength).min(n);
@@ -181,7 +196,7 @@ impl FlowSchedule {
     /// One Euler step i (0-based): x + (σ(i+1) − σ(i))·v.
     pub fn step(&self, i: usize, x: &Array, v: &Array) -> Result<Array> {
         if i >= self.steps() {
-            return Err(EngineError::Invalid(format!("step {i} is past the last step {}", self.steps() - 1)));
+            return Err(FlowError::Invalid(format!("step {i} is past the last step {}", self.steps() - 1)));
         }
         euler_step(x, v, self.sigmas[i], self.sigmas[i + 1])
     }
@@ -191,7 +206,7 @@ fn check_float(what: &str, a: &Array) -> Result<()> {
     if a.dtype().is_float() {
         Ok(())
     } else {
-        Err(EngineError::Invalid(format!("{what} must be a floating-point array, got {}", a.dtype())))
+        Err(FlowError::Invalid(format!("{what} must be a floating-point array, got {}", a.dtype())))
     }
 }
 
@@ -199,7 +214,7 @@ fn check_pair(x: &Array, other: &Array, what: &str) -> Result<()> {
     check_float("the sample", x)?;
     check_float(what, other)?;
     if x.shape() != other.shape() {
-        return Err(EngineError::Invalid(format!(
+        return Err(FlowError::Invalid(format!(
             "{what} has shape {:?} but the sample has shape {:?}",
             other.shape(),
             x.shape()

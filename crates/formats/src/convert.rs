@@ -1,6 +1,6 @@
 //! `mlx-gen convert`: a Hugging Face float model folder (or a GGUF file) to an MLX model folder,
 //! tensor for tensor what `mlx_lm.convert` writes (sanitize, dtype cast, affine quantization).
-use crate::error::{EngineError, Result};
+use crate::{FormatError, Result};
 use crate::gguf::{import_gguf, ImportOptions};
 use mlx::ops::QuantSpec;
 use mlx::{Array, Dtype};
@@ -26,6 +26,20 @@ impl Default for ConvertOptions {
     }
 }
 
+/// What a model architecture does to its Hugging Face checkpoint before it is written: mlx-lm's
+/// `Model.sanitize` (renames, dropped rotary buffers, tied heads, stacked experts). The caller
+/// supplies it from the engine's model registry, so that this crate never builds a model.
+pub trait ModelRules {
+    /// Rewrites `weights` (by name) as `model_type`'s `sanitize` does; an architecture the caller
+    /// cannot convert is an error whose message says so (and lists the ones it can).
+    fn sanitize(
+        &self,
+        model_type: &str,
+        config: &Map<String, Value>,
+        weights: &mut BTreeMap<String, Array>,
+    ) -> std::result::Result<(), String>;
+}
+
 /// What a conversion wrote.
 #[derive(Clone, Debug, Default)]
 pub struct ConvertSummary {
@@ -41,8 +55,8 @@ const COPIED: &[&str] = crate::hub::SIDE_FILES;
 /// mlx-lm writes one safetensors file up to this size, then shards (`MAX_FILE_SIZE_GB`).
 const MAX_SHARD_BYTES: usize = 5 << 30;
 
-fn io(path: &Path, e: impl std::fmt::Display) -> EngineError {
-    EngineError::file(path, e)
+fn io(path: &Path, e: impl std::fmt::Display) -> FormatError {
+    FormatError::file(path, e)
 }
 
 /// Builds `dst` with `build` (which gets an empty temporary sibling folder to fill), then renames
@@ -50,7 +64,7 @@ fn io(path: &Path, e: impl std::fmt::Display) -> EngineError {
 /// unless `force`, in which case it is replaced only once the new folder is complete.
 pub fn write_atomically(dst: &Path, force: bool, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if dst.exists() && !force {
-        return Err(EngineError::Invalid(format!(
+        return Err(FormatError::Invalid(format!(
             "{} already exists; remove it, pick another --mlx-path, or pass --force",
             dst.display()
         )));
@@ -146,30 +160,6 @@ fn load_weights(dir: &Path) -> Result<BTreeMap<String, Array>> {
     Ok(out)
 }
 
-/// The weights mlx-lm's model keeps after its `sanitize` (llama, mistral, qwen2, qwen3).
-fn sanitize(model_type: &str, config: &Map<String, Value>, weights: &mut BTreeMap<String, Array>) -> Result<()> {
-    let tie_default = match model_type {
-        "llama" | "mistral" | "qwen2" => Some(true),
-        "qwen3" => None,
-        other => {
-            return Err(EngineError::UnsupportedModel {
-                found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3".into(),
-            })
-        }
-    };
-    let tie = config.get("tie_word_embeddings").and_then(Value::as_bool).or(tie_default).ok_or_else(|| {
-        EngineError::Config(format!("{model_type} config.json needs tie_word_embeddings"))
-    })?;
-    if model_type != "qwen3" {
-        weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq"));
-    }
-    if tie {
-        weights.remove("lm_head.weight");
-    }
-    Ok(())
-}
-
 /// The dtype mlx-lm casts float parameters to: `--dtype`, else `torch_dtype`, else `text_config.dtype`.
 fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dtype> {
     if opts.dtype.is_some() {
@@ -183,16 +173,18 @@ fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dt
     named.and_then(|n| matches!(n.as_str(), "float16" | "bfloat16" | "float32").then(|| Dtype::parse_float(&n)).flatten())
 }
 
-/// Converts the Hugging Face model folder `src` into the (new, empty) folder `out`, calling
+/// Converts the Hugging Face model folder `src` into the (new, empty) folder `out` (`rules`: the
+/// architecture's `sanitize`), calling
 /// `progress(done, total)` after each tensor.
 pub fn convert_folder(
     src: &Path,
     out: &Path,
     opts: &ConvertOptions,
+    rules: &dyn ModelRules,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ConvertSummary> {
     if opts.quantize && (![2, 3, 4, 5, 6, 8].contains(&opts.q_bits) || ![32, 64, 128].contains(&opts.q_group_size)) {
-        return Err(EngineError::Invalid(format!(
+        return Err(FormatError::Invalid(format!(
             "cannot quantize with {} bits, group size {} (bits 2, 3, 4, 5, 6 or 8; group size 32, 64 or 128)",
             opts.q_bits, opts.q_group_size
         )));
@@ -200,10 +192,10 @@ pub fn convert_folder(
     let mut config = load_config(src)?;
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned();
     if opts.quantize && config.contains_key("quantization") {
-        return Err(EngineError::Invalid(format!("{} is already quantized", src.display())));
+        return Err(FormatError::Invalid(format!("{} is already quantized", src.display())));
     }
     let mut weights = load_weights(src)?;
-    sanitize(&model_type, &config, &mut weights)?;
+    rules.sanitize(&model_type, &config, &mut weights).map_err(FormatError::Invalid)?;
     let dtype = target_dtype(opts, &config);
     let spec = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
 

@@ -1,17 +1,17 @@
-//! engine::tokenizer's loading and usage errors: missing or corrupt files and bad configs are
+//! The tokenizer crate's loading and usage errors: missing or corrupt files and bad configs are
 //! typed errors naming the problem, misuse never panics; tokenizers and detokenizers are Send.
 mod tok_common;
 
 use tok_common::*;
 
-use engine::tokenizer::{ChatMessage, Tokenizer, TokenizerError};
+use tokenizer::{ChatMessage, Tokenizer, TokenizerError};
 
 fn assert_send<T: Send>() {}
 
 #[test]
 fn tokenizer_and_detokenizer_are_send() {
     assert_send::<Tokenizer>();
-    assert_send::<engine::tokenizer::StreamingDetokenizer>();
+    assert_send::<tokenizer::StreamingDetokenizer>();
 }
 
 #[test]

@@ -1,12 +1,41 @@
 //! Checkpoint tensors by name: safetensors files (sharded via `model.safetensors.index.json`),
 //! prefix views so a layer loads itself, and a strict `finish` naming every unused tensor.
-use crate::error::{EngineError, Result};
+//!
+//! This crate owns reading a model folder's weights into a strict weight map and nothing else: it
+//! never builds or runs a model (the engine does), never downloads or imports other formats (the
+//! `formats` crate does). Its only MLX use is reading safetensors into arrays.
+#![forbid(unsafe_code)]
 use mlx::Array;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+/// What can be wrong with a checkpoint, each naming the file or tensor at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Mlx(#[from] mlx::Error),
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("tensor {0} is missing from the checkpoint")]
+    MissingTensor(String),
+    #[error("the checkpoint has tensors the model does not use: {0}")]
+    UnusedTensors(String),
+    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
+    Shape { name: String, found: Vec<i32>, expected: Vec<i32> },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Error {
+    pub fn file(path: impl Into<PathBuf>, message: impl std::fmt::Display) -> Self {
+        Error::File { path: path.into(), message: message.to_string() }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// All tensors of a checkpoint not yet taken by the model, and the names of those taken. A taken
 /// tensor leaves the map, so that a layer which transforms its weights at load (fusing, say) can
@@ -51,7 +80,7 @@ impl Weights {
         let mut tensors = HashMap::new();
         for file in weight_files(dir)? {
             check_safetensors(&file)?;
-            let st = mlx::io::load_safetensors(&file).map_err(|e| EngineError::file(&file, e.message))?;
+            let st = mlx::io::load_safetensors(&file).map_err(|e| Error::file(&file, e.message))?;
             for (name, a) in st.tensors {
                 tensors.insert(name, a);
             }
@@ -96,15 +125,15 @@ impl Weights {
         let mut tensors = self.tensors.borrow_mut();
         let a = tensors.get(name).ok_or_else(|| {
             if self.taken.borrow().contains(name) {
-                EngineError::Invalid(format!("tensor {name} is used twice by the model"))
+                Error::Invalid(format!("tensor {name} is used twice by the model"))
             } else {
-                EngineError::MissingTensor(name.to_owned())
+                Error::MissingTensor(name.to_owned())
             }
         })?;
         if let Some(shape) = expected {
             let found = a.shape();
             if found != shape {
-                return Err(EngineError::Shape { name: name.to_owned(), found, expected: shape.to_vec() });
+                return Err(Error::Shape { name: name.to_owned(), found, expected: shape.to_vec() });
             }
         }
         self.taken.borrow_mut().insert(name.to_owned());
@@ -124,7 +153,7 @@ impl Weights {
         }
         let list: Vec<&str> = unused.iter().take(10).map(|s| s.as_str()).collect();
         let more = if unused.len() > 10 { format!(" and {} more", unused.len() - 10) } else { String::new() };
-        Err(EngineError::UnusedTensors(format!("{}{more}", list.join(", "))))
+        Err(Error::UnusedTensors(format!("{}{more}", list.join(", "))))
     }
 }
 
@@ -189,21 +218,21 @@ fn layer_of(name: &str) -> Option<i64> {
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
-        let text = fs::read_to_string(&index).map_err(|e| EngineError::file(&index, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::file(&index, e))?;
+        let text = fs::read_to_string(&index).map_err(|e| Error::file(&index, e))?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::file(&index, e))?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
-            .ok_or_else(|| EngineError::file(&index, "no weight_map object"))?;
+            .ok_or_else(|| Error::file(&index, "no weight_map object"))?;
         let files: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
         let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
         if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
-            return Err(EngineError::file(missing, "named by model.safetensors.index.json but missing"));
+            return Err(Error::file(missing, "named by model.safetensors.index.json but missing"));
         }
         return Ok(paths);
     }
     let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(|e| EngineError::file(dir, e))?
+        .map_err(|e| Error::file(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -212,7 +241,7 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(EngineError::file(dir, "no model*.safetensors weights in this folder"));
+        return Err(Error::file(dir, "no model*.safetensors weights in this folder"));
     }
     Ok(files)
 }
@@ -221,9 +250,9 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// truncated download fails at load with its name rather than later inside MLX.
 fn check_safetensors(path: &Path) -> Result<()> {
     use std::io::Read;
-    let bad = |m: &str| EngineError::file(path, format!("not a valid safetensors file: {m}"));
-    let mut f = fs::File::open(path).map_err(|e| EngineError::file(path, e))?;
-    let len = f.metadata().map_err(|e| EngineError::file(path, e))?.len();
+    let bad = |m: &str| Error::file(path, format!("not a valid safetensors file: {m}"));
+    let mut f = fs::File::open(path).map_err(|e| Error::file(path, e))?;
+    let len = f.metadata().map_err(|e| Error::file(path, e))?.len();
     let mut n = [0u8; 8];
     f.read_exact(&mut n).map_err(|_| bad("shorter than its header"))?;
     let header_len = u64::from_le_bytes(n);

@@ -1,4 +1,4 @@
-//! engine::tokenizer against Python mlx-lm 0.32.2 (the oracle venv): encode, decode, chat templates, the
+//! The tokenizer crate against Python mlx-lm 0.32.2 (the oracle venv): encode, decode, chat templates, the
 //! streaming detokenizers' segments and the loading errors, on the three tokenizer kinds that
 //! tests/oracle/make_tokenizer.py builds (byte-level BPE, SentencePiece BPE, Metaspace Unigram) and on
 //! variants of their configs. Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips.
@@ -8,7 +8,7 @@ mod tok_common;
 use tok_common::*;
 use std::path::{Path, PathBuf};
 
-use engine::tokenizer::{ChatMessage, DetokenizerKind, Tokenizer};
+use tokenizer::{ChatMessage, DetokenizerKind, Tokenizer};
 use serde_json::{json, Value};
 
 /// Qwen3's template, shortened: namespaces, reversed loops, Python string methods, `enable_thinking`.
@@ -592,7 +592,7 @@ fn run_cases(py: &Path, base: &Path, cases: Vec<(String, PathBuf, &str, Vec<Valu
 }
 
 /// Opt-in: renders every `*.jinja` of $MLX_GEN_TEMPLATE_DIR (e.g. real models' chat templates) with the
-/// BPE test tokenizer, against mlx-lm. `MLX_GEN_TEMPLATE_DIR=dir cargo test -p engine --test tokenizer --
+/// BPE test tokenizer, against mlx-lm. `MLX_GEN_TEMPLATE_DIR=dir cargo test -p tokenizer --test tokenizer --
 /// --ignored templates_in_dir`.
 #[test]
 #[ignore = "needs MLX_GEN_TEMPLATE_DIR"]
@@ -630,7 +630,7 @@ fn templates_in_dir_match_mlx_lm() {
 }
 
 /// Opt-in: the whole comparison on real tokenizer folders (tokenizer.json and its config; models are not
-/// needed). `MLX_GEN_TOKENIZER_DIRS=dir1:dir2 cargo test -p engine --test tokenizer -- --ignored
+/// needed). `MLX_GEN_TOKENIZER_DIRS=dir1:dir2 cargo test -p tokenizer --test tokenizer -- --ignored
 /// tokenizer_dirs`.
 #[test]
 #[ignore = "needs MLX_GEN_TOKENIZER_DIRS"]
