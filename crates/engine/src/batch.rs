@@ -8,11 +8,15 @@
 //! `generate_step`), so the host builds step n+1 while the device computes step n. Sampling is per
 //! sequence: its own settings, logits processors and random key stream. A model whose own caches
 //! cannot be merged into a batch (rotating or chunked ones) runs its sequences one after another,
-//! as mlx-lm's server does.
+//! as mlx-lm's server does. A sequence
+//! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
+//! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
+//! the CPU while the device runs it (one host sync per step, as without constraints).
 use crate::cache::{BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
+use crate::sample::constraint::{apply_mask, TokenConstraint};
 use crate::sample::SamplerConfig;
 use mlx::random::KeySeq;
 use mlx::{async_eval, ops, Array};
@@ -42,6 +46,7 @@ struct Prefill {
     /// Positions already in `cache`.
     done: usize,
     cache: Vec<Box<dyn KvCache>>,
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 struct Row {
@@ -50,6 +55,7 @@ struct Row {
     /// Tokens whose keys and values the batch cache holds for this row, in order.
     tokens: Vec<u32>,
     history: Option<Array>,
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 /// The queued step: per row, the token to hand out next and its log-probabilities.
@@ -107,6 +113,11 @@ impl<'m> BatchEngine<'m> {
     /// Queues sequence `id` with `prompt`; returns how many leading prompt tokens came from the
     /// prefix pool (they are not computed again).
     pub fn add(&mut self, id: u64, prompt: Vec<u32>, params: SeqParams) -> Result<usize> {
+        self.add_constrained(id, prompt, params, None)
+    }
+
+    /// [`BatchEngine::add`] with every token of the sequence masked by `constraint`.
+    pub fn add_constrained(&mut self, id: u64, prompt: Vec<u32>, params: SeqParams, constraint: Option<Box<dyn TokenConstraint>>) -> Result<usize> {
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
         }
@@ -115,7 +126,7 @@ impl<'m> BatchEngine<'m> {
         let n_layers = self.layers;
         if !self.batchable {
             let cache = self.model.make_cache();
-            self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache });
+            self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache, constraint });
             return Ok(0);
         }
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
@@ -128,8 +139,14 @@ impl<'m> BatchEngine<'m> {
             }
             _ => (0, (0..n_layers).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()),
         };
-        self.waiting.push_back(Prefill { id, prompt, params, done, cache });
+        self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
         Ok(done)
+    }
+
+    /// Why sequence `id`'s constraint ended it early, if it has one that did.
+    pub fn constraint_note(&self, id: u64) -> Option<String> {
+        let row = self.rows.iter().find(|r| r.id == id)?;
+        row.constraint.as_ref().and_then(|c| c.note())
     }
 
     /// Ends sequence `id` (finished or cancelled) before the next step; it is forgotten if it is
@@ -152,15 +169,32 @@ impl<'m> BatchEngine<'m> {
             self.join(joined)?;
         }
         let Some(current) = self.pending.take() else { return Ok(Vec::new()) };
-        // Queue the next step, then read this one.
-        let next = self.decode(&current.tokens)?;
-        let mut to_eval: Vec<&Array> = vec![&next.tokens];
-        to_eval.extend(next.logprobs.iter().flatten());
-        let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
-        to_eval.extend(key_states.iter());
-        async_eval(&to_eval)?;
-        let ids = current.tokens.to_vec::<u32>()?;
-        self.pending = Some(next);
+        let ids = if self.rows.iter().any(|r| r.constraint.is_some()) {
+            // The forward pass runs while this step's tokens are committed and the masks computed.
+            let logits = self.forward(&current.tokens)?;
+            async_eval(&[&logits])?;
+            let ids = current.tokens.to_vec::<u32>()?;
+            let vocab = self.model.vocab_size() as usize;
+            let mut masks = Vec::with_capacity(self.rows.len());
+            for (row, &token) in self.rows.iter_mut().zip(&ids) {
+                masks.push(match row.constraint.as_mut() {
+                    Some(c) => {
+                        c.commit(token)?;
+                        Some(c.allowed(vocab)?)
+                    }
+                    None => None,
+                });
+            }
+            let next = self.sample_rows(&current.tokens, &logits, Some(&masks))?;
+            self.queue(next)?;
+            ids
+        } else {
+            // Queue the next step, then read this one.
+            let logits = self.forward(&current.tokens)?;
+            let next = self.sample_rows(&current.tokens, &logits, None)?;
+            self.queue(next)?;
+            current.tokens.to_vec::<u32>()?
+        };
         let mut out = Vec::with_capacity(ids.len());
         for ((row, &token), logprobs) in self.rows.iter_mut().zip(&ids).zip(current.logprobs) {
             row.tokens.push(token);
@@ -171,6 +205,18 @@ impl<'m> BatchEngine<'m> {
             mlx::runtime::clear_cache();
         }
         Ok(out)
+    }
+
+    /// Starts computing `next` (tokens, log-probabilities, the random streams' states) and keeps
+    /// it as the step to hand out next.
+    fn queue(&mut self, next: Pending) -> Result<()> {
+        let mut to_eval: Vec<&Array> = vec![&next.tokens];
+        to_eval.extend(next.logprobs.iter().flatten());
+        let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
+        to_eval.extend(key_states.iter());
+        async_eval(&to_eval)?;
+        self.pending = Some(next);
+        Ok(())
     }
 
     /// Removes the rows that `finish` named, leaving their keys and values in the prefix pool.
@@ -254,7 +300,8 @@ impl<'m> BatchEngine<'m> {
                 let _ = pool.store(&p.prompt, &kv);
             }
             let history = history_of(&p.params.sampler, &p.prompt)?;
-            let (token, logprobs) = p.params.sampler.process_and_sample(&logits, history.as_ref(), p.params.keys.as_mut())?;
+            let mask = p.constraint.as_mut().map(|c| c.allowed(self.model.vocab_size() as usize)).transpose()?;
+            let (token, logprobs) = p.params.sampler.process_and_sample_masked(&logits, history.as_ref(), p.params.keys.as_mut(), mask.as_deref())?;
             async_eval(&[&token, &logprobs])?;
             let lp = p.params.logprobs.then(|| logprobs.squeeze(&[0])).transpose()?;
             joined.push((p, Pending { tokens: token, logprobs: vec![lp] }, history));
@@ -271,7 +318,7 @@ impl<'m> BatchEngine<'m> {
                 return Err(EngineError::Invalid("a model without batch caches runs one sequence at a time".into()));
             }
             self.caches = p.cache;
-            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history });
+            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history, constraint: p.constraint });
             self.pending = Some(first);
             return Ok(());
         }
@@ -289,19 +336,28 @@ impl<'m> BatchEngine<'m> {
             }
             tokens.push(first.tokens);
             logprobs.extend(first.logprobs);
-            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history });
+            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history, constraint: p.constraint });
         }
         let tokens = if tokens.len() == 1 { tokens.pop().expect("one") } else { ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)? };
         self.pending = Some(Pending { tokens, logprobs });
         Ok(())
     }
 
-    /// One batched forward over `inputs` (B,): the next tokens and per-row log-probabilities.
-    fn decode(&mut self, inputs: &Array) -> Result<Pending> {
+    /// One batched forward over `inputs` (B,): the logits (B, vocab).
+    fn forward(&mut self, inputs: &Array) -> Result<Array> {
         let b = inputs.dim(0);
-        let logits = self.model.forward(&inputs.reshape(&[b, 1])?, &mut self.caches)?.reshape(&[b, -1])?; // (B, vocab)
+        Ok(self.model.forward(&inputs.reshape(&[b, 1])?, &mut self.caches)?.reshape(&[b, -1])?) // (B, vocab)
+    }
+
+    /// The next tokens and per-row log-probabilities from `logits` (B, vocab) of `inputs` (B,),
+    /// each constrained row masked by its entry of `masks`.
+    fn sample_rows(&mut self, inputs: &Array, logits: &Array, masks: Option<&[Option<Vec<bool>>]>) -> Result<Pending> {
         let all_greedy = self.rows.iter().all(|r| r.params.sampler.is_greedy() && r.params.sampler.processors.is_empty());
         if all_greedy {
+            let logits = match masks {
+                Some(masks) => apply_mask(logits, &masks.iter().flat_map(|m| m.clone().unwrap_or_else(|| vec![true; logits.dim(-1) as usize])).collect::<Vec<_>>())?,
+                None => logits.clone(),
+            };
             let logprobs = logits.sub(&logits.logsumexp(&[-1], true)?)?;
             let tokens = logprobs.argmax(-1, false)?;
             let lps = self.rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| row_of(&logprobs, i)).transpose()).collect::<Result<_>>()?;
@@ -315,8 +371,9 @@ impl<'m> BatchEngine<'m> {
             if !procs.is_empty() && procs.history_needed() != Some(0) {
                 row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
             }
+            let mask = masks.and_then(|m| m[i].as_deref());
             let params = &mut row.params;
-            let (t, lp) = params.sampler.process_and_sample(&logits.slice_axis(0, i as i32, i as i32 + 1)?, row.history.as_ref(), params.keys.as_mut())?;
+            let (t, lp) = params.sampler.process_and_sample_masked(&logits.slice_axis(0, i as i32, i as i32 + 1)?, row.history.as_ref(), params.keys.as_mut(), mask)?;
             lps.push(row.params.logprobs.then(|| lp.squeeze(&[0])).transpose()?);
             tokens.push(t);
         }

@@ -2,10 +2,13 @@
 //! token, then each step queues the next forward pass (async eval) before the current token is
 //! handed out, so the host never waits on the device between tokens. With logits processors the
 //! token history (prompt, then each sampled token) is kept as a lazy array, as mlx-lm does.
+//! With a [`TokenConstraint`] each step queues the forward pass, reads the previous token, and
+//! computes the next token mask on the CPU while the device runs it (see `sample::constraint`).
 use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
+use crate::sample::constraint::TokenConstraint;
 use crate::sample::SamplerConfig;
 use mlx::{async_eval, Array};
 
@@ -46,6 +49,8 @@ pub struct Generator<'m> {
     history: Option<Array>,
     /// With MLX_GEN_TRACE set: seconds spent building+queueing steps, waiting for tokens, and steps.
     timing: Option<(f64, f64, usize)>,
+    /// Constrained decoding: the grammar every sampled token must follow.
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl Drop for Generator<'_> {
@@ -71,6 +76,17 @@ impl<'m> Generator<'m> {
         cache: Vec<Box<dyn KvCache>>,
         config: GenerateConfig,
     ) -> Result<Generator<'m>> {
+        Self::new_constrained(model, prompt, cache, config, None)
+    }
+
+    /// [`Generator::new`] with every token masked by `constraint` before sampling.
+    pub fn new_constrained(
+        model: &'m dyn Model,
+        prompt: &[u32],
+        cache: Vec<Box<dyn KvCache>>,
+        config: GenerateConfig,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<Generator<'m>> {
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
         }
@@ -83,7 +99,8 @@ impl<'m> Generator<'m> {
             q.validate()?;
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing: std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0)) };
+        let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0));
+        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, constraint };
         let mut rest: &[i32] = &ids;
         while rest.len() > 1 {
             let n = g.config.prefill_step_size.min(rest.len() - 1);
@@ -99,7 +116,10 @@ impl<'m> Generator<'m> {
             mlx::runtime::clear_cache();
         }
         let last = Array::from_slice(rest, &[rest.len() as i32])?;
-        let (y, logprobs) = g.step(&last)?;
+        let vocab = g.model.vocab_size() as usize;
+        let allowed = g.constraint.as_mut().map(|c| c.allowed(vocab)).transpose()?;
+        let logits = g.logits(&last)?;
+        let (y, logprobs) = g.sample(&logits, allowed.as_deref())?;
         async_eval(&[&y, &logprobs])?;
         g.pending = Some((y, logprobs));
         Ok(g)
@@ -107,6 +127,13 @@ impl<'m> Generator<'m> {
 
     /// One forward pass over `input` (L,): the sampled next token (1,) and its log-probabilities (vocab,).
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
+        let logits = self.logits(input)?;
+        self.sample(&logits, None)
+    }
+
+    /// One forward pass over `input` (L,): the last position's logits (1, vocab), before the
+    /// sampling chain (the token history is extended by `input`).
+    fn logits(&mut self, input: &Array) -> Result<Array> {
         let len = input.dim(0);
         let logits = self.model.forward(&input.reshape(&[1, len])?, &mut self.cache)?; // (1, L, vocab)
         // (1, vocab): the last position; with one position that is a single reshape (one node less).
@@ -120,7 +147,13 @@ impl<'m> Generator<'m> {
             self.history = Some(extend_history(self.history.take(), input, processors.history_needed())?);
         }
         maybe_quantize_kv_cache(&mut self.cache, self.config.kv_quant.as_ref())?;
-        let (sampled, logprobs) = self.config.sampler.process_and_sample(&logits, self.history.as_ref(), None)?; // (1,), (1, vocab)
+        Ok(logits)
+    }
+
+    /// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (vocab,), through the
+    /// sampling chain, with the constraint's mask `allowed` when given.
+    fn sample(&mut self, logits: &Array, allowed: Option<&[bool]>) -> Result<(Array, Array)> {
+        let (sampled, logprobs) = self.config.sampler.process_and_sample_masked(logits, self.history.as_ref(), None, allowed)?; // (1,), (1, vocab)
         Ok((sampled, logprobs.squeeze(&[0])?))
     }
 
@@ -139,6 +172,11 @@ impl<'m> Generator<'m> {
         self.n
     }
 
+    /// Why the constraint ended generation early, if it did (see [`TokenConstraint::note`]).
+    pub fn constraint_note(&self) -> Option<String> {
+        self.constraint.as_ref().and_then(|c| c.note())
+    }
+
     fn advance(&mut self) -> Result<Option<Generated>> {
         if self.config.max_tokens == Some(self.n) {
             return Ok(None);
@@ -146,13 +184,40 @@ impl<'m> Generator<'m> {
         let Some((y, logprobs)) = self.pending.take() else { return Ok(None) };
         // Queue the next step before waiting on this one (skipped when this is the last token).
         let t0 = std::time::Instant::now();
-        if self.config.max_tokens != Some(self.n + 1) {
-            let next = self.step(&y)?;
-            async_eval(&[&next.0, &next.1])?;
-            self.pending = Some(next);
+        let last = self.config.max_tokens == Some(self.n + 1);
+        let t1;
+        let token;
+        if let Some(mut c) = self.constraint.take() {
+            // Forward n+1 runs while token n is committed and the mask for n+1 computed.
+            let logits = if last { None } else { Some(self.logits(&y)?) };
+            if let Some(l) = &logits {
+                async_eval(&[l])?;
+            }
+            t1 = std::time::Instant::now();
+            token = y.item::<u32>()?;
+            let next = (|| -> Result<Option<(Array, Array)>> {
+                c.commit(token)?;
+                match &logits {
+                    Some(l) => {
+                        let allowed = c.allowed(self.model.vocab_size() as usize)?;
+                        let next = self.sample(l, Some(&allowed))?;
+                        async_eval(&[&next.0, &next.1])?;
+                        Ok(Some(next))
+                    }
+                    None => Ok(None),
+                }
+            })();
+            self.constraint = Some(c);
+            self.pending = next?;
+        } else {
+            if !last {
+                let next = self.step(&y)?;
+                async_eval(&[&next.0, &next.1])?;
+                self.pending = Some(next);
+            }
+            t1 = std::time::Instant::now();
+            token = y.item::<u32>()?;
         }
-        let t1 = std::time::Instant::now();
-        let token = y.item::<u32>()?;
         if let Some(t) = self.timing.as_mut() {
             t.0 += (t1 - t0).as_secs_f64();
             t.1 += t1.elapsed().as_secs_f64();

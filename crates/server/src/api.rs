@@ -1,6 +1,7 @@
 //! The OpenAI request bodies, checked field by field: every bad field is a 400 error naming it.
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use crate::constrain::Grammar;
 use engine::sample::LogitsProcessors;
 use engine::SamplerConfig;
 use serde_json::{json, Map, Value};
@@ -69,6 +70,57 @@ pub struct GenParams {
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
+    /// `response_format`: what the output must follow (`None`: free text).
+    pub response_format: Option<ResponseFormat>,
+    pub tools: Tools,
+}
+
+/// `response_format` `json_object` or `json_schema`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResponseFormat {
+    pub grammar: Grammar,
+    /// `strict: true`: a schema keyword llguidance does not support is an error (else it is ignored).
+    pub strict: bool,
+}
+
+/// The request's tools and how the model may use them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tools {
+    /// OpenAI tool objects `{"type": "function", "function": {"name", "description", "parameters"}}`.
+    pub tools: Vec<Value>,
+    pub choice: ToolChoice,
+    /// Whether a forced answer may hold several calls (default true, as OpenAI).
+    pub parallel: bool,
+}
+
+/// `tool_choice`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ToolChoice {
+    /// The model decides (the default with tools).
+    #[default]
+    Auto,
+    /// No calls: the tools are not shown to the model and the output is not parsed.
+    None,
+    /// At least one call, constrained to the tools' schemas.
+    Required,
+    /// A call of this function, constrained to its schema.
+    Named(String),
+}
+
+impl Tools {
+    /// Whether tool calls are parsed out of the answer.
+    pub fn active(&self) -> bool {
+        !self.tools.is_empty() && self.choice != ToolChoice::None
+    }
+
+    /// The tools a forced call may use (`None` when calls are not forced).
+    pub fn forced(&self) -> Option<Vec<Value>> {
+        match &self.choice {
+            ToolChoice::Required => Some(self.tools.clone()),
+            ToolChoice::Named(n) => Some(self.tools.iter().filter(|t| t["function"]["name"].as_str() == Some(n)).cloned().collect()),
+            _ => None,
+        }
+    }
 }
 
 /// A checked request.
@@ -174,6 +226,7 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         Some(v) => return Err(ApiError::bad("stream_options", format!("'stream_options' must be an object, got {}", type_name(v)))),
     };
     ignored_fields(&f)?;
+    let tools = if chat { tools(&f)? } else { no_tools(&f)? };
     if !chat && f.bool("echo")? == Some(true) {
         return Err(ApiError::bad("echo", "'echo' is not supported"));
     }
@@ -186,6 +239,8 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         n: f.int("n", 1, MAX_N as i64)?.unwrap_or(1) as usize,
         stream,
         include_usage,
+        response_format: response_format(&f)?,
+        tools,
     };
     Ok(GenRequest { prompt, params })
 }
@@ -205,10 +260,11 @@ fn chat_prompt(f: &Fields) -> Result<Prompt, ApiError> {
         let Value::Object(o) = m else {
             return Err(ApiError::bad(&format!("messages[{i}]"), format!("each message must be an object, got {}", type_name(m))));
         };
-        match o.get("role") {
-            Some(Value::String(r)) if !r.is_empty() => {}
+        let role = match o.get("role") {
+            Some(Value::String(r)) if !r.is_empty() => r.clone(),
             _ => return Err(ApiError::bad(&format!("messages[{i}].role"), "each message needs a 'role' string")),
-        }
+        };
+        tool_message(o, &role, i)?;
         // As mlx_lm.server: the template sees a string; text parts are joined, no content is "".
         let content = match o.get("content") {
             None | Some(Value::Null) => String::new(),
@@ -221,6 +277,172 @@ fn chat_prompt(f: &Fields) -> Result<Prompt, ApiError> {
         o.insert("content".into(), Value::String(content));
     }
     Ok(Prompt::Chat(Value::Array(messages)))
+}
+
+/// Checks a message's tool parts: an assistant's `tool_calls` (their `arguments` JSON strings
+/// become objects, as mlx_lm.server passes them to the template) and a `tool` message's
+/// `tool_call_id`.
+fn tool_message(o: &mut Map<String, Value>, role: &str, i: usize) -> Result<(), ApiError> {
+    if role == "tool" {
+        match o.get("tool_call_id") {
+            Some(Value::String(id)) if !id.is_empty() => {}
+            None | Some(Value::Null) => return Err(ApiError::bad(&format!("messages[{i}].tool_call_id"), "a 'tool' message needs the 'tool_call_id' it answers")),
+            Some(v) => return Err(ApiError::bad(&format!("messages[{i}].tool_call_id"), format!("'tool_call_id' must be a non-empty string, got {}", type_name(v)))),
+        }
+    }
+    let Some(calls) = o.get_mut("tool_calls").filter(|v| !v.is_null()) else { return Ok(()) };
+    if role != "assistant" {
+        return Err(ApiError::bad(&format!("messages[{i}].tool_calls"), "only 'assistant' messages have 'tool_calls'"));
+    }
+    let Value::Array(calls) = calls else {
+        return Err(ApiError::bad(&format!("messages[{i}].tool_calls"), format!("'tool_calls' must be an array, got {}", type_name(calls))));
+    };
+    for (j, c) in calls.iter_mut().enumerate() {
+        let at = format!("messages[{i}].tool_calls[{j}]");
+        let Some(call) = c.as_object_mut() else { return Err(ApiError::bad(&at, "each tool call must be an object")) };
+        match call.get("type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t)) if t == "function" => {}
+            Some(_) => return Err(ApiError::bad(&format!("{at}.type"), "a tool call's 'type' must be 'function'")),
+        }
+        if let Some(id) = call.get("id").filter(|v| !v.is_null()) {
+            if !id.is_string() {
+                return Err(ApiError::bad(&format!("{at}.id"), format!("a tool call's 'id' must be a string, got {}", type_name(id))));
+            }
+        }
+        let Some(Value::Object(func)) = call.get_mut("function") else { return Err(ApiError::bad(&format!("{at}.function"), "a tool call needs a 'function' object")) };
+        if func.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+            return Err(ApiError::bad(&format!("{at}.function.name"), "a tool call needs a 'name' string"));
+        }
+        let args = match func.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => return Err(ApiError::bad(&format!("{at}.function.arguments"), "'arguments' must be a JSON object (as a string)")),
+            },
+            Some(v @ Value::Object(_)) => v.clone(),
+            Some(v) => return Err(ApiError::bad(&format!("{at}.function.arguments"), format!("'arguments' must be a JSON string, got {}", type_name(v)))),
+        };
+        func.insert("arguments".into(), args);
+    }
+    Ok(())
+}
+
+/// A tool name as OpenAI allows: 1 to 64 of `a-z A-Z 0-9 _ -` (and `.`).
+fn valid_tool_name(n: &str) -> bool {
+    (1..=64).contains(&n.len()) && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
+fn tools(f: &Fields) -> Result<Tools, ApiError> {
+    let mut tools = Vec::new();
+    match f.get("tools") {
+        None => {}
+        Some(Value::Array(list)) => {
+            for (i, t) in list.iter().enumerate() {
+                let at = format!("tools[{i}]");
+                if t.get("type").and_then(Value::as_str) != Some("function") {
+                    return Err(ApiError::bad(&format!("{at}.type"), "each tool needs 'type': 'function'"));
+                }
+                let Some(func) = t.get("function").and_then(Value::as_object) else { return Err(ApiError::bad(&format!("{at}.function"), "each tool needs a 'function' object")) };
+                let name = func.get("name").and_then(Value::as_str).unwrap_or_default();
+                if !valid_tool_name(name) {
+                    return Err(ApiError::bad(&format!("{at}.function.name"), "a tool name must be 1 to 64 letters, digits, '_', '-' or '.'"));
+                }
+                if tools.iter().any(|t: &Value| t["function"]["name"].as_str() == Some(name)) {
+                    return Err(ApiError::bad(&format!("{at}.function.name"), format!("two tools are named '{name}'")));
+                }
+                match func.get("parameters") {
+                    None | Some(Value::Null) | Some(Value::Object(_)) => {}
+                    Some(v) => return Err(ApiError::bad(&format!("{at}.function.parameters"), format!("'parameters' must be a JSON schema object, got {}", type_name(v)))),
+                }
+                if let Some(d) = func.get("description").filter(|d| !d.is_null() && !d.is_string()) {
+                    return Err(ApiError::bad(&format!("{at}.function.description"), format!("'description' must be a string, got {}", type_name(d))));
+                }
+                if let Some(s) = func.get("strict").filter(|d| !d.is_null() && !d.is_boolean()) {
+                    return Err(ApiError::bad(&format!("{at}.function.strict"), format!("'strict' must be a boolean, got {}", type_name(s))));
+                }
+                tools.push(t.clone());
+            }
+        }
+        Some(v) => return Err(ApiError::bad("tools", format!("'tools' must be an array, got {}", type_name(v)))),
+    }
+    let choice = match f.get("tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => return Err(ApiError::bad("tool_choice", format!("'tool_choice' must be 'auto', 'none', 'required' or a named function, got '{}'", clip(other)))),
+        },
+        Some(Value::Object(o)) => {
+            let name = o.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
+            match (o.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(n)) => {
+                    if !tools.iter().any(|t| t["function"]["name"].as_str() == Some(n)) {
+                        return Err(ApiError::bad("tool_choice", format!("'tool_choice' names the function '{}', which is not in 'tools'", clip(n))));
+                    }
+                    ToolChoice::Named(n.to_owned())
+                }
+                _ => return Err(ApiError::bad("tool_choice", "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": NAME}}")),
+            }
+        }
+        Some(v) => return Err(ApiError::bad("tool_choice", format!("'tool_choice' must be a string or an object, got {}", type_name(v)))),
+    };
+    if tools.is_empty() && matches!(choice, ToolChoice::Required) {
+        return Err(ApiError::bad("tool_choice", "'tool_choice': 'required' needs 'tools'"));
+    }
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    for legacy in ["functions", "function_call"] {
+        if f.get(legacy).is_some() {
+            return Err(ApiError::bad(legacy, format!("'{legacy}' is deprecated and not supported; use 'tools' and 'tool_choice'")));
+        }
+    }
+    Ok(Tools { tools, choice, parallel })
+}
+
+/// Text completions take no tools.
+fn no_tools(f: &Fields) -> Result<Tools, ApiError> {
+    for k in ["tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"] {
+        if f.get(k).is_some() {
+            return Err(ApiError::bad(k, format!("'{k}' is only for /v1/chat/completions")));
+        }
+    }
+    Ok(Tools::default())
+}
+
+/// `response_format`: `text`, `json_object`, or `json_schema` with `{"name", "schema", "strict"}`.
+fn response_format(f: &Fields) -> Result<Option<ResponseFormat>, ApiError> {
+    let bad = |m: &str| ApiError::bad("response_format", m);
+    let Some(v) = f.get("response_format") else { return Ok(None) };
+    let Value::Object(o) = v else { return Err(bad(&format!("'response_format' must be an object, got {}", type_name(v)))) };
+    match o.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(ResponseFormat { grammar: Grammar::JsonSchema(json!({"type": "object"})), strict: false })),
+        Some("json_schema") => {
+            let Some(Value::Object(js)) = o.get("json_schema") else { return Err(bad("'response_format' of type 'json_schema' needs a 'json_schema' object")) };
+            if let Some(n) = js.get("name") {
+                if !n.as_str().is_some_and(valid_tool_name) {
+                    return Err(bad("'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'"));
+                }
+            }
+            let schema = match js.get("schema") {
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                None | Some(Value::Null) => json!({}),
+                Some(s) => return Err(bad(&format!("'response_format.json_schema.schema' must be a JSON schema object, got {}", type_name(s)))),
+            };
+            let strict = match js.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(s) => return Err(bad(&format!("'response_format.json_schema.strict' must be a boolean, got {}", type_name(s)))),
+            };
+            if let Some(d) = js.get("description").filter(|d| !d.is_null() && !d.is_string()) {
+                return Err(bad(&format!("'response_format.json_schema.description' must be a string, got {}", type_name(d))));
+            }
+            Ok(Some(ResponseFormat { grammar: Grammar::JsonSchema(schema), strict }))
+        }
+        _ => Err(bad("'response_format.type' must be 'text', 'json_object' or 'json_schema'")),
+    }
 }
 
 /// The text of a message's content parts, joined; only `{"type": "text", "text": "..."}` parts
@@ -240,6 +462,14 @@ fn text_parts(parts: &[Value], i: usize) -> Result<String, ApiError> {
     Ok(text)
 }
 
+/// At most 300 characters of a longer message (a compiler's error), for error messages.
+pub fn clip_long(s: &str) -> String {
+    match s.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
 /// At most 64 characters of a string taken from the request, for error messages.
 pub fn clip(s: &str) -> String {
     match s.char_indices().nth(64) {
@@ -252,12 +482,6 @@ pub fn clip(s: &str) -> String {
 /// that a malformed request is refused rather than silently half-read.
 const IGNORED_FIELDS: &[(&str, &[Kind])] = &[
     ("user", &[Kind::String]),
-    ("response_format", &[Kind::Object]),
-    ("tools", &[Kind::Array]),
-    ("tool_choice", &[Kind::String, Kind::Object]),
-    ("parallel_tool_calls", &[Kind::Bool]),
-    ("functions", &[Kind::Array]),
-    ("function_call", &[Kind::String, Kind::Object]),
     ("metadata", &[Kind::Object]),
     ("store", &[Kind::Bool]),
     ("service_tier", &[Kind::String]),

@@ -1,12 +1,16 @@
-//! mlx-gen's OpenAI-compatible HTTP server: axum handlers on tokio, one engine thread that owns the model.
+//! mlx-gen's HTTP server (OpenAI's and Anthropic's APIs): axum handlers on tokio, one engine thread that owns the model.
 #![forbid(unsafe_code)]
+pub mod anthropic;
 pub mod api;
+pub mod constrain;
 pub mod lockstep;
 pub mod metrics;
 pub mod reasoning;
 pub mod replica;
 mod routes;
 pub mod stop;
+pub mod structured;
+pub mod tools;
 pub mod worker;
 
 use anyhow::{Context, Result};

@@ -41,6 +41,9 @@ pub struct SeqSpec {
     /// Seeded as `mlx-gen generate --seed` (past the model-init draws), or a fresh stream.
     pub as_generate: bool,
     pub logprobs: bool,
+    /// Constrained decoding: what every token must follow (each rank compiles it alike).
+    #[serde(default)]
+    pub grammar: Option<crate::constrain::Grammar>,
 }
 
 impl SeqSpec {

@@ -2,6 +2,7 @@
 //! server and the batch scheduler; every other rank runs [`follow`], which replays rank 0's engine
 //! calls (sequences added and ended, then one step; see [`crate::lockstep`]) so that all ranks run
 //! the same forward passes and meet at the same collectives.
+use crate::constrain::{compile, Constraints};
 use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, Share};
 use anyhow::{Context, Result};
 use engine::sample::init_random_draws;
@@ -14,13 +15,15 @@ pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Resul
     engine::batch::kv_bytes_per_token(loaded.model.as_ref())?;
     let pool = new_pool(&loaded, &options);
     let mut engine = new_engine(&loaded, &options, pool.clone());
+    let mut constraints: Option<Result<Constraints, String>> = None;
     loop {
         let calls: Vec<Call> = serde_json::from_slice(&share(&[])?).context("rank 0 sent calls this rank cannot read")?;
         for call in calls {
             match call {
                 // A call that fails on rank 0 fails here alike; rank 0 answers for it.
                 Call::Add(spec) => {
-                    let _ = spec.params(init_draws).and_then(|p| engine.add(spec.id, spec.prompt, p));
+                    let constraint = spec.grammar.as_ref().map(|g| compile(constraints.get_or_insert_with(|| Constraints::new(&loaded)).as_ref(), g)).transpose();
+                    let _ = constraint.and_then(|c| spec.params(init_draws).and_then(|p| engine.add_constrained(spec.id, spec.prompt, p, c)));
                 }
                 Call::Finish(id) => engine.finish(id),
                 Call::Step => {

@@ -1,6 +1,7 @@
 //! The HTTP routes: OpenAI's chat and text completions (JSON or SSE), models, health and metrics, with API-key checks and JSON errors everywhere.
 use crate::api::{self, ApiError};
 use crate::metrics::Metrics;
+use crate::tools::{Piece, ToolFormat, ToolStream};
 use crate::worker::{Event, Job, TokenLogprob};
 use crate::ServeOptions;
 use axum::body::{Body, Bytes};
@@ -28,6 +29,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(crate::anthropic::messages))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -41,13 +43,15 @@ pub fn router(state: AppState) -> Router {
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.options.api_key {
         // The scheme is case-insensitive (RFC 9110); the key is not.
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
+        let bearer = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| {
             let (scheme, token) = v.trim_start().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
         });
+        // Anthropic's clients send the key as `x-api-key`.
+        let given = bearer.or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim));
         if req.uri().path() != "/health" && given != Some(key.as_str()) {
             s.metrics.request("unauthorized", 401);
-            return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY'", "invalid_api_key").into_response();
+            return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')", "invalid_api_key").into_response();
         }
     }
     // A body announced larger than the limit is refused before it is read.
@@ -89,7 +93,7 @@ async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejecti
     generate(s, body, false).await
 }
 
-fn json_response(status: StatusCode, v: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
@@ -119,6 +123,8 @@ struct Meta {
     include_usage: bool,
     /// Chat with a reasoning model: whether the prompt opened `<think>` (see `reasoning`).
     reasoning: Option<bool>,
+    /// With active tools: their format and definitions (the answer is parsed for calls).
+    tools: Option<(ToolFormat, Vec<Value>)>,
 }
 
 impl Meta {
@@ -183,11 +189,17 @@ fn new_id(chat: bool) -> String {
     format!("{}-{:x}{n:04x}", if chat { "chatcmpl" } else { "cmpl" }, t & 0xffff_ffff)
 }
 
-/// Checks the request, queues it for the engine thread and answers once it has started.
-async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Result<Response, ApiError> {
-    let body = body.map_err(|r| ApiError::new(r.status(), format!("cannot read the request body: {}", r.body_text()), "invalid_body"))?;
-    let req = api::parse(&body, chat, &s.options.model_id)?;
-    let (stream, n, want_logprobs, include_usage) = (req.params.stream, req.params.n, req.params.logprobs.is_some(), req.params.include_usage);
+/// What the engine thread says when a job starts.
+pub(crate) struct Started {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub reasoning: Option<bool>,
+    pub tool_format: Option<ToolFormat>,
+}
+
+/// Queues a checked request for the engine thread; returns once it has started (or failed), with
+/// the receiver of its events.
+pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenParams) -> Result<(Started, mpsc::UnboundedReceiver<Event>), ApiError> {
     if s.metrics.queued() >= s.options.max_queue as i64 {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -197,17 +209,28 @@ async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) ->
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     s.metrics.queue(1, 0);
-    if s.jobs.send(Job { prompt: req.prompt, params: req.params, tx, arrived: Instant::now() }).is_err() {
+    if s.jobs.send(Job { prompt, params, tx, arrived: Instant::now() }).is_err() {
         s.metrics.queue(-1, 0);
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
     }
-    let (prompt_tokens, cached_tokens, reasoning) = match rx.recv().await {
-        Some(Event::Started { prompt_tokens, cached_tokens, reasoning }) => (prompt_tokens, cached_tokens, reasoning),
-        Some(Event::Error(e)) => return Err(e),
-        _ => return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
-    };
+    match rx.recv().await {
+        Some(Event::Started { prompt_tokens, cached_tokens, reasoning, tool_format }) => Ok((Started { prompt_tokens, cached_tokens, reasoning, tool_format }, rx)),
+        Some(Event::Error(e)) => Err(e),
+        _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
+    }
+}
+
+/// Checks the request, queues it for the engine thread and answers once it has started.
+async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| ApiError::new(r.status(), format!("cannot read the request body: {}", r.body_text()), "invalid_body"))?;
+    let req = api::parse(&body, chat, &s.options.model_id)?;
+    let (stream, n, want_logprobs, include_usage) = (req.params.stream, req.params.n, req.params.logprobs.is_some(), req.params.include_usage);
+    let tool_defs = req.params.tools.tools.clone();
+    let (started, rx) = submit(s, req.prompt, req.params).await?;
+    let Started { prompt_tokens, cached_tokens, reasoning, tool_format } = started;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, cached_tokens, include_usage, reasoning };
+    let tools = tool_format.map(|f| (f, tool_defs));
+    let meta = Meta { id: new_id(chat), created, model: s.options.model_id.clone(), chat, n, prompt_tokens, cached_tokens, include_usage, reasoning, tools };
     if stream {
         return Ok(sse(meta, rx, want_logprobs));
     }
@@ -219,6 +242,7 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
     let mut texts = vec![String::new(); meta.n];
     let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); meta.n];
     let mut reasons = vec!["stop"; meta.n];
+    let mut notes: Vec<Option<String>> = vec![None; meta.n];
     let mut completion_tokens = 0;
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -226,8 +250,9 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
                 texts[index].push_str(&text);
                 lps[index].extend(logprobs);
             }
-            Event::Finish { index, reason, completion_tokens: c } if index < meta.n => {
+            Event::Finish { index, reason, completion_tokens: c, note, .. } if index < meta.n => {
                 reasons[index] = reason;
+                notes[index] = note;
                 completion_tokens += c;
             }
             Event::Error(e) => return Err(e),
@@ -239,21 +264,45 @@ async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logpro
             let logprobs = if want_logprobs { meta.logprobs(&lps[i]) } else { Value::Null };
             if meta.chat {
                 let mut message = json!({"role": "assistant", "content": texts[i]});
+                let mut answer = texts[i].clone();
                 if let Some(opened) = meta.reasoning {
-                    if let (Some(r), answer) = tokenizer::split_reasoning(&texts[i], opened) {
+                    if let (Some(r), a) = tokenizer::split_reasoning(&texts[i], opened) {
                         message["reasoning_content"] = json!(r);
-                        message["content"] = json!(answer);
+                        message["content"] = json!(a);
+                        answer = a;
                     }
                 }
-                json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reasons[i]})
+                let mut reason = reasons[i];
+                if let Some((format, defs)) = &meta.tools {
+                    let (content, calls) = crate::tools::split(*format, defs, &answer);
+                    if !calls.is_empty() {
+                        message["content"] = if content.trim().is_empty() { Value::Null } else { json!(content) };
+                        message["tool_calls"] = calls.iter().map(|c| c.openai()).collect();
+                        if reason == "stop" {
+                            reason = "tool_calls";
+                        }
+                    }
+                }
+                let mut c = json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": reason});
+                note_on(&mut c, &notes[i]);
+                c
             } else {
-                json!({"index": i, "text": texts[i], "logprobs": logprobs, "finish_reason": reasons[i]})
+                let mut c = json!({"index": i, "text": texts[i], "logprobs": logprobs, "finish_reason": reasons[i]});
+                note_on(&mut c, &notes[i]);
+                c
             }
         })
         .collect();
     let mut v = meta.envelope(false, choices);
     v["usage"] = meta.usage(completion_tokens);
     Ok(json_response(StatusCode::OK, &v))
+}
+
+/// A grammar's reason for ending a choice early, as the choice's `error`.
+fn note_on(choice: &mut Value, note: &Option<String>) {
+    if let Some(n) = note {
+        choice["error"] = json!({"message": n, "type": "grammar_dead_end"});
+    }
 }
 
 fn frame(v: &Value) -> Bytes {
@@ -270,6 +319,27 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
         let mut completion_tokens = 0;
         let mut routers: Vec<Option<crate::reasoning::ReasoningStream>> =
             (0..meta.n).map(|_| meta.reasoning.filter(|_| meta.chat).map(crate::reasoning::ReasoningStream::new)).collect();
+        let mut tool_streams: Vec<Option<ToolStream>> = (0..meta.n).map(|_| meta.tools.as_ref().map(|(f, d)| ToolStream::new(*f, d.clone()))).collect();
+        // Answer text through the tool-call splitter: content chunks and `delta.tool_calls` chunks.
+        let tool_chunks = |index: usize, pieces: Vec<Piece>, ts: &ToolStream| -> Vec<Value> {
+            let first = ts.calls - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
+            let mut k = first;
+            let mut out = Vec::new();
+            for p in pieces {
+                let delta = match p {
+                    Piece::Content(t) if t.is_empty() => continue,
+                    Piece::Content(t) => json!({"content": t}),
+                    Piece::Call(c) => {
+                        let mut call = c.openai();
+                        call["index"] = json!(k);
+                        k += 1;
+                        json!({"tool_calls": [call]})
+                    }
+                };
+                out.push(meta.envelope(true, vec![json!({"index": index, "delta": delta, "logprobs": Value::Null, "finish_reason": Value::Null})]));
+            }
+            out
+        };
         let reasoning_chunk = |index: usize, text: &str| {
             let c = json!({"index": index, "delta": {"reasoning_content": text}, "logprobs": Value::Null, "finish_reason": Value::Null});
             meta.envelope(true, vec![c])
@@ -293,6 +363,70 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
         };
         while let Some(ev) = rx.recv().await {
             let mut frames = Vec::new();
+            // With tools: answer text goes through the splitter (log-probabilities in their own chunk).
+            let ev = match ev {
+                Event::Delta { index, text, logprobs } if index < meta.n && tool_streams[index].is_some() => {
+                    if meta.chat && !started[index] {
+                        started[index] = true;
+                        frames.push(choice(index, Some(""), true, &[], None));
+                    }
+                    let answer = match routers.get_mut(index).and_then(Option::as_mut) {
+                        Some(router) => {
+                            let (r, a) = router.push(&text);
+                            if !r.is_empty() {
+                                frames.push(reasoning_chunk(index, &r));
+                            }
+                            a
+                        }
+                        None => text,
+                    };
+                    if let Some(ts) = tool_streams[index].as_mut() {
+                        let pieces = ts.push(&answer);
+                        frames.extend(tool_chunks(index, pieces, ts));
+                    }
+                    if !logprobs.is_empty() {
+                        frames.push(choice(index, None, false, &logprobs, None));
+                    }
+                    None
+                }
+                Event::Finish { index, reason, completion_tokens: c, note, .. } if index < meta.n && tool_streams[index].is_some() => {
+                    completion_tokens += c;
+                    if meta.chat && !started[index] {
+                        started[index] = true;
+                        frames.push(choice(index, Some(""), true, &[], None));
+                    }
+                    let mut answer = String::new();
+                    if let Some(router) = routers.get_mut(index).and_then(Option::as_mut) {
+                        let (r, a) = router.finish();
+                        if !r.is_empty() {
+                            frames.push(reasoning_chunk(index, &r));
+                        }
+                        answer = a;
+                    }
+                    let mut reason = reason;
+                    if let Some(ts) = tool_streams[index].as_mut() {
+                        let mut pieces = ts.push(&answer);
+                        pieces.extend(ts.finish());
+                        frames.extend(tool_chunks(index, pieces, ts));
+                        if ts.calls > 0 && reason == "stop" {
+                            reason = "tool_calls";
+                        }
+                    }
+                    let mut last = choice(index, None, false, &[], Some(reason));
+                    note_on(&mut last["choices"][0], &note);
+                    frames.push(last);
+                    None
+                }
+                ev => Some(ev),
+            };
+            let Some(ev) = ev else {
+                for f in &frames {
+                    if btx.send(frame(f)).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            };
             let index = match &ev {
                 Event::Delta { index, .. } | Event::Finish { index, .. } => *index,
                 _ => 0,
@@ -314,7 +448,7 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
                     }
                     None => frames.push(choice(index, Some(&text), false, &logprobs, None)),
                 },
-                Event::Finish { index, reason, completion_tokens: c } => {
+                Event::Finish { index, reason, completion_tokens: c, note, .. } => {
                     completion_tokens += c;
                     if let Some(router) = routers.get_mut(index).and_then(Option::as_mut) {
                         let (r, a) = router.finish();
@@ -325,7 +459,9 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
                             frames.push(choice(index, Some(&a), false, &[], None));
                         }
                     }
-                    frames.push(choice(index, None, false, &[], Some(reason)));
+                    let mut last = choice(index, None, false, &[], Some(reason));
+                    note_on(&mut last["choices"][0], &note);
+                    frames.push(last);
                 }
                 Event::Error(e) => frames.push(e.body()),
                 Event::Started { .. } => {}

@@ -5,18 +5,21 @@
 pub struct StopBuffer {
     stops: Vec<String>,
     held: String,
+    /// The stop string that ended the text, once one did.
+    matched: Option<String>,
 }
 
 impl StopBuffer {
     pub fn new(stops: Vec<String>) -> StopBuffer {
-        StopBuffer { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        StopBuffer { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), matched: None }
     }
 
     /// Adds `text`; returns the text that is safe to emit, and whether a stop string was found (the
     /// stop string and everything after it are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.held.push_str(text);
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some((pos, stop)) = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|p| (p, s))).min_by_key(|(p, _)| *p) {
+            self.matched = Some(stop.clone());
             let out = self.held[..pos].to_owned();
             self.held.clear();
             return (out, true);
@@ -24,6 +27,11 @@ impl StopBuffer {
         let cut = self.safe_len();
         let out: String = self.held.drain(..cut).collect();
         (out, false)
+    }
+
+    /// The stop string that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// The held-back text, released at the end of generation (no stop string completed).
@@ -61,6 +69,7 @@ mod tests {
     fn earliest_stop_wins_and_flush_releases() {
         let mut b = StopBuffer::new(vec!["cd".into(), "b".into()]);
         assert_eq!(b.push("abcd"), ("a".into(), true));
+        assert_eq!(b.matched(), Some("b"));
         let mut b = StopBuffer::new(vec!["xyz".into()]);
         assert_eq!(b.push("éx"), ("é".into(), false));
         assert_eq!(b.flush(), "x");

@@ -5,6 +5,8 @@
 //! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
 //! (a [`engine::cache::PagedPool`]) holds from earlier requests.
 use crate::api::{ApiError, GenParams, Prompt};
+use crate::constrain::{compile, Constraints};
+use crate::tools::ToolFormat;
 use crate::metrics::Metrics;
 use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, SeqSpec, Share, BLOCK};
 use engine::batch::{BatchEngine, StepToken};
@@ -49,11 +51,14 @@ pub enum Event {
         /// Chat with a reasoning model: whether the template left the model inside `<think>`
         /// (then the answer's `reasoning_content` is split out); `None` otherwise.
         reasoning: Option<bool>,
+        /// The format tool calls are parsed from (when the request has active tools).
+        tool_format: Option<ToolFormat>,
     },
     /// New text of choice `index` (possibly empty when only log-probabilities are new).
     Delta { index: usize, text: String, logprobs: Vec<TokenLogprob> },
-    /// Choice `index` ended: "stop" (EOS or a stop string) or "length".
-    Finish { index: usize, reason: &'static str, completion_tokens: usize },
+    /// Choice `index` ended: "stop" (EOS or a stop string) or "length"; `note` says why a grammar
+    /// ended it early (it dead-ended or failed).
+    Finish { index: usize, reason: &'static str, completion_tokens: usize, note: Option<String>, stop_sequence: Option<String> },
     /// The job failed; before `Started`, a 4xx answer.
     Error(ApiError),
 }
@@ -133,6 +138,10 @@ struct Worker<'m> {
     /// With several ranks: the engine calls since the last step, for the other ranks to replay.
     share: Option<Share>,
     calls: Vec<Call>,
+    /// The chat template's tool-call format, if it has one.
+    tool_format: Option<ToolFormat>,
+    /// The grammar compiler, built at the first constrained request.
+    constraints: Option<Result<Constraints, String>>,
 }
 
 fn invalid(param: &str, e: impl std::fmt::Display) -> ApiError {
@@ -161,7 +170,14 @@ impl<'m> Worker<'m> {
             unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
             share,
             calls: Vec::new(),
+            tool_format: loaded.tokenizer.chat_template_source().and_then(ToolFormat::detect),
+            constraints: None,
         }
+    }
+
+    fn constraints(&mut self) -> Result<&Constraints, &String> {
+        let loaded = self.loaded;
+        self.constraints.get_or_insert_with(|| Constraints::new(loaded)).as_ref()
     }
 
     /// Sends the calls since the last step to the other ranks (with several ranks).
@@ -179,7 +195,11 @@ impl<'m> Worker<'m> {
 
     fn engine_add(&mut self, spec: SeqSpec) -> engine::Result<usize> {
         let params = spec.params(self.init_draws)?;
-        let r = self.engine.add(spec.id, spec.prompt.clone(), params);
+        let constraint = match &spec.grammar {
+            Some(g) => Some(compile(self.constraints(), g)?),
+            None => None,
+        };
+        let r = self.engine.add_constrained(spec.id, spec.prompt.clone(), params, constraint);
         if self.share.is_some() {
             self.calls.push(Call::Add(Box::new(spec)));
         }
@@ -267,7 +287,7 @@ impl<'m> Worker<'m> {
             }
             let job = queue.pop_front().expect("front exists");
             self.metrics.queue(-1, 0);
-            let (prompt, reasoning) = match self.prepare(&job) {
+            let (prompt, reasoning, plan) = match self.prepare(&job) {
                 Ok(x) => x,
                 Err(e) => {
                     let _ = job.tx.send(Event::Error(e));
@@ -295,12 +315,12 @@ impl<'m> Worker<'m> {
                 self.metrics.queue(1, 0);
                 return;
             }
-            self.start(job, prompt, reasoning, per_choice);
+            self.start(job, prompt, reasoning, plan, per_choice);
         }
     }
 
     /// Adds a checked job's choices to the batch and tells its handler it started.
-    fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, per_choice: usize) {
+    fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, plan: crate::structured::Plan, per_choice: usize) {
         let n = job.params.n;
         let state = Rc::new(JobState { job });
         let mut cached = 0;
@@ -316,7 +336,8 @@ impl<'m> Worker<'m> {
             let mut sampler = params.sampler.clone();
             sampler.xtc_special_tokens = self.xtc_special.clone();
             let logprobs = params.logprobs.is_some();
-            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs });
+            let grammar = plan.grammar.clone();
+            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs, grammar });
             match added {
                 Ok(c) if index == 0 => cached = c,
                 Ok(_) => {}
@@ -329,7 +350,7 @@ impl<'m> Worker<'m> {
                 }
             }
             if index == 0 {
-                let _ = state.job.tx.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning });
+                let _ = state.job.tx.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning, tool_format: plan.tool_format });
             }
             self.reserved_tokens += per_choice;
             self.choices.insert(
@@ -353,13 +374,15 @@ impl<'m> Worker<'m> {
     }
 
     /// Tokenizes and checks the prompt and settings against the model.
-    fn prepare(&self, job: &Job) -> Result<(Vec<u32>, Option<bool>), ApiError> {
+    fn prepare(&mut self, job: &Job) -> Result<(Vec<u32>, Option<bool>, crate::structured::Plan), ApiError> {
         let loaded = self.loaded;
         let tok = &loaded.tokenizer;
+        let plan = crate::structured::plan(tok, self.tool_format, &job.params)?;
+        crate::structured::check(&plan, &job.params, self.constraints_if(plan.grammar.is_some() || job.params.tools.active()))?;
         let mut reasoning = None;
         let (prompt, param) = match &job.prompt {
             Prompt::Chat(messages) => {
-                let text = tok.apply_chat_template_json(messages, true, None, &[]).map_err(|e| invalid("messages", e))?;
+                let text = tok.apply_chat_template_json(messages, true, plan.template_tools.as_ref(), &[]).map_err(|e| invalid("messages", e))?;
                 if tok.has_thinking() {
                     reasoning = Some(tokenizer::prompt_opens_reasoning(&text));
                 }
@@ -386,7 +409,16 @@ impl<'m> Worker<'m> {
         let without_bias = engine::SamplerConfig { processors: Default::default(), ..sampler.clone() };
         without_bias.validate_vocab(vocab).map_err(|e| invalid("top_k", e))?;
         sampler.processors.validate_vocab(vocab).map_err(|e| invalid("logit_bias", e))?;
-        Ok((prompt, reasoning))
+        Ok((prompt, reasoning, plan))
+    }
+
+    /// The grammar compiler when `needed` (else an `Ok` that is never read).
+    fn constraints_if(&mut self, needed: bool) -> Result<&Constraints, &String> {
+        if needed {
+            return self.constraints();
+        }
+        static NONE: String = String::new();
+        Err(&NONE)
     }
 
     /// Ends choices whose client went away (within one step).
@@ -418,7 +450,8 @@ impl<'m> Worker<'m> {
             }
         }
         if self.loaded.is_eos(t.token) {
-            return self.finish(t.id, "stop");
+            let note = self.engine.constraint_note(t.id);
+            return self.finish_noted(t.id, "stop", note);
         }
         self.metrics.generated_token(c.last_token.map(|l| now.duration_since(l).as_secs_f64()));
         c.last_token = Some(now);
@@ -443,7 +476,8 @@ impl<'m> Worker<'m> {
             let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs });
         }
         if hit {
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens });
+            let stop_sequence = c.stop.matched().map(str::to_owned);
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None, stop_sequence });
             return self.end(t.id);
         }
         if c.tokens >= c.job.job.params.max_tokens {
@@ -453,6 +487,10 @@ impl<'m> Worker<'m> {
 
     /// Ends a choice at EOS or the token limit: the detokenizer's and stop buffer's held text goes out.
     fn finish(&mut self, id: u64, reason: &'static str) {
+        self.finish_noted(id, reason, None)
+    }
+
+    fn finish_noted(&mut self, id: u64, reason: &'static str, note: Option<String>) {
         if let Some(c) = self.choices.get_mut(&id) {
             c.detok.finalize();
             let (mut text, hit) = c.stop.push(&c.detok.last_segment());
@@ -462,7 +500,8 @@ impl<'m> Worker<'m> {
             if !text.is_empty() {
                 let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs: Vec::new() });
             }
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens });
+            let stop_sequence = c.stop.matched().map(str::to_owned);
+            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note, stop_sequence });
         }
         self.end(id);
     }

@@ -20,6 +20,8 @@ pub(crate) struct ChatTemplates {
     single: bool,
     /// Per name: None when it compiled, else the compile error (reported when the template is used).
     compiled: BTreeMap<String, Option<String>>,
+    /// The source of a single template (transformers' `chat_template` as a string).
+    source: Option<String>,
 }
 
 /// transformers' Jinja environment, as `_compile_jinja_template` builds it.
@@ -118,6 +120,7 @@ impl ChatTemplates {
     pub fn new(set: TemplateSet) -> ChatTemplates {
         let mut env = environment();
         let mut compiled = BTreeMap::new();
+        let source = if set.single { set.by_name.get("default").cloned() } else { None };
         for (name, source) in set.by_name {
             let result = env.add_template_owned(name.clone(), template_source::prepare(&source));
             compiled.insert(name, result.err().map(|e| e.to_string()));
@@ -126,7 +129,14 @@ impl ChatTemplates {
             env,
             single: set.single,
             compiled,
+            source,
         }
+    }
+
+    /// The template's source when there is one template (not a named set), as transformers'
+    /// `tokenizer.chat_template` is a string only then.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
     }
 
     /// transformers' `get_chat_template(None, tools)`: the single template, else "tool_use" when tools are

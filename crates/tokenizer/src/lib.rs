@@ -252,6 +252,12 @@ impl Tokenizer {
         self.templates.is_some() || self.chat_template_type.is_some()
     }
 
+    /// The chat template's source when the tokenizer has a single one (mlx-lm picks the tool-call
+    /// parser from it).
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.templates.as_ref().and_then(|t| t.source())
+    }
+
     /// `chat_template_type` of tokenizer_config.json: mlx-lm then renders with a Python module of its own.
     pub fn chat_template_type(&self) -> Option<&str> {
         self.chat_template_type.as_deref()

@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use tokenizer::ChatMessage;
 use super::cache_prompt::{KvArgs, KvCacheKind};
 use super::sampling::SamplingArgs;
+use constrain::ConstrainArgs;
 use speculative::SpecArgs;
 use engine::GenerateConfig;
 use serde::Serialize;
@@ -11,6 +12,7 @@ use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
+mod constrain;
 mod speculative;
 
 #[derive(clap::Args)]
@@ -50,6 +52,8 @@ pub struct Args {
     kv_block_size: usize,
     #[command(flatten)]
     spec: SpecArgs,
+    #[command(flatten)]
+    constrain: ConstrainArgs,
     /// Print separators and statistics (prompt and generation tok/s, peak memory) like mlx-lm.
     #[arg(long)]
     verbose: bool,
@@ -89,6 +93,9 @@ struct JsonResult {
     /// Per token (with --top-logprobs K): the K most likely [id, logprob], most likely first.
     #[serde(skip_serializing_if = "Option::is_none")]
     top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// With --json-schema, --grammar or --regex: why the grammar ended generation early, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    constraint_note: Option<String>,
     /// With --draft-model or --prompt-lookup: draft tokens proposed to the model, and accepted.
     #[serde(skip_serializing_if = "Option::is_none")]
     draft_tokens_proposed: Option<usize>,
@@ -144,6 +151,10 @@ pub fn run(args: Args) -> Result<()> {
     if args.spec.draft_model.is_some() && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file does not combine with --draft-model (the cache holds the model's prompt only)");
     }
+    if args.spec.enabled() && args.constrain.grammar()?.is_some() {
+        bail!("--json-schema, --grammar and --regex do not combine with speculative decoding (--draft-model, --prompt-lookup) yet");
+    }
+    let constraint = args.constrain.compile(&loaded)?;
     let draft = args.spec.load_draft(&loaded)?;
     let sampler = args.sampling.for_models(sampler, &loaded, draft.as_ref())?;
     let tok = &loaded.tokenizer;
@@ -201,7 +212,7 @@ pub fn run(args: Args) -> Result<()> {
         None => super::cache_prompt::make_cache_with(&loaded, &args.kv, args.kv_cache, args.kv_block_size)?,
     };
     crate::rank::heartbeat("prefill");
-    let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config)?;
+    let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config, constraint)?;
     for step in stream.by_ref() {
         crate::rank::heartbeat("generation step");
         let (step, _from_draft) = step?;
@@ -227,6 +238,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     crate::rank::finished();
     detok.finalize();
+    let constraint_note = stream.constraint_note();
+    if let (Some(n), false) = (&constraint_note, json) {
+        eprintln!("warning: {n}");
+    }
     let gen_time = gen_start.elapsed().as_secs_f64();
     if prompt_time == 0.0 {
         prompt_time = tic.elapsed().as_secs_f64();
@@ -258,6 +273,7 @@ pub fn run(args: Args) -> Result<()> {
             finish_reason,
             logprobs: want_logprobs.then_some(logprobs),
             top_logprobs: (want_logprobs && top_k > 0).then_some(top_logprobs),
+            constraint_note,
             draft_tokens_proposed: stream.stats().map(|s| s.proposed),
             draft_tokens_accepted: stream.stats().map(|s| s.accepted),
         };

@@ -4,6 +4,7 @@
 //! and uncompiled graphs give identical bits, checked in Python), with Python's weak scalar typing,
 //! and the random draws (XTC's `uniform`, then `categorical`) split MLX's global key in the same
 //! order, so one seed gives the same tokens. The logits processors live in [`processors`].
+pub mod constraint;
 pub mod logprobs;
 pub mod processors;
 pub mod seed;
@@ -11,6 +12,7 @@ pub mod seed;
 use crate::error::{EngineError, Result};
 use mlx::{ops, random, Array, Dtype};
 
+pub use constraint::TokenConstraint;
 pub use logprobs::{token_logprobs, TokenLogprobs};
 pub use mlx::random::KeySeq;
 pub use processors::LogitsProcessors;
@@ -106,7 +108,24 @@ impl SamplerConfig {
     /// (N,) and log-probabilities (N, vocab). One row's log-softmax reduces over the whole array,
     /// as `generate_step` writes it; several rows reduce over the last axis.
     pub fn process_and_sample(&self, logits: &Array, history: Option<&Array>, keys: Option<&mut random::KeySeq>) -> Result<(Array, Array)> {
+        self.process_and_sample_masked(logits, history, keys, None)
+    }
+
+    /// [`Self::process_and_sample`] with constrained decoding's token mask (see [`constraint`]):
+    /// every token `allowed` (N * vocab flags, row after row) does not name is set to -inf after the
+    /// logits processors, before the log-softmax.
+    pub fn process_and_sample_masked(
+        &self,
+        logits: &Array,
+        history: Option<&Array>,
+        keys: Option<&mut random::KeySeq>,
+        allowed: Option<&[bool]>,
+    ) -> Result<(Array, Array)> {
         let logits = if self.processors.is_empty() { logits.clone() } else { self.processors.apply(history, logits)? };
+        let logits = match allowed {
+            Some(allowed) => constraint::apply_mask(&logits, allowed)?,
+            None => logits,
+        };
         let axes: &[i32] = if logits.dim(0) == 1 { &[] } else { &[-1] };
         let logprobs = logits.sub(&logits.logsumexp(axes, true)?)?;
         let token = self.sample_keyed(&logprobs, keys)?;

@@ -46,13 +46,17 @@ impl SpecArgs {
         prompt: &[u32],
         cache: Vec<Box<dyn KvCache>>,
         config: GenerateConfig,
+        constraint: Option<Box<dyn engine::sample::TokenConstraint>>,
     ) -> Result<Tokens<'m>> {
         let spec = SpeculativeConfig { num_draft_tokens: self.num_draft_tokens as usize, adaptive: self.adaptive_draft };
         let drafter = match (draft, self.prompt_lookup) {
             (Some(d), _) => Draft::Model { model: d.model.as_ref(), cache: d.model.make_cache() },
             (None, Some(n)) => Draft::PromptLookup { ngram: n as usize },
-            (None, None) => return Ok(Tokens::Plain(Generator::new(model, prompt, cache, config)?)),
+            (None, None) => return Ok(Tokens::Plain(Generator::new_constrained(model, prompt, cache, config, constraint)?)),
         };
+        if constraint.is_some() {
+            bail!("constrained decoding does not combine with speculative decoding yet");
+        }
         Ok(Tokens::Spec(SpeculativeGenerator::new(model, prompt, cache, drafter, config, spec)?))
     }
 }
@@ -86,6 +90,14 @@ pub enum Tokens<'m> {
 }
 
 impl Tokens<'_> {
+    /// Why the grammar ended generation early, if it did (plain generation only).
+    pub fn constraint_note(&self) -> Option<String> {
+        match self {
+            Tokens::Plain(g) => g.constraint_note(),
+            Tokens::Spec(_) => None,
+        }
+    }
+
     /// Draft statistics (speculative decoding only).
     pub fn stats(&self) -> Option<SpecStats> {
         match self {
