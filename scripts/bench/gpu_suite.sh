@@ -8,6 +8,8 @@
 #                       needs the GGUF at $GGUF (default /tmp/model.gguf)
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
+#   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
+#   gpu_suite.sh fidelity  greedy GPU tokens, fused and unfused, against mlx-lm's (issue 22)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -97,6 +99,20 @@ check)
   [ -x ./batch_step_cost ] && ./batch_step_cost "$d" 1 8 32
   timeout 240 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8,32 --max-tokens 64
   ;;
-*) echo "unknown section $section (perf, more, spec, serve, big, check)"; exit 2 ;;
+moe)
+  # Issue 17's MoE shapes, both tools under the same MLX settings (MLX_MAX_OPS_PER_BUFFER=80 for both),
+  # 3 alternating rounds; SHAPE=qwen3-30b-a3b (default) or mixtral-8x7b. KEEP=1 keeps the folder.
+  s=${SHAPE:-qwen3-30b-a3b}
+  MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
+      -p 512 -g 256 -n 2 --rounds 3 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_$s.json"
+  [ -n "${KEEP:-}" ] || rm -rf "$models/$s-4bit-bfloat16"
+  ;;
+fidelity)
+  # Issue 22: mlx-gen's GPU tokens (fused and unfused) against mlx-lm's on the same GPU, greedy.
+  # SHAPES (default: the small dense ones) names the random-weight shapes.
+  dirs=(); for s in ${SHAPES:-qwen3-0.6b llama-3.2-3b}; do dirs+=("$(shape_dir "$s")"); done
+  python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m ${TOKENS:-256} "${dirs[@]}" | tee "$out/fidelity.jsonl"
+  ;;
+*) echo "unknown section $section (perf, more, spec, serve, big, check, moe, fidelity)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -2,7 +2,8 @@
 """Writes a random-weight MLX model folder of a real model's shape, for benchmarks.
 
 Usage: make_shape.py SHAPE OUTDIR [--bits 4] [--group-size 64] [--dtype bfloat16]
-SHAPE: smollm2-135m | qwen3-0.6b | llama-3.2-3b | qwen2.5-7b | deepseek-v2-lite. The weights are mlx-lm's own random
+SHAPE: smollm2-135m | qwen3-0.6b | llama-3.2-3b | qwen2.5-7b | deepseek-v2-lite | qwen3-30b-a3b |
+mixtral-8x7b. The weights are mlx-lm's own random
 initialisation (seed 0), quantized with mlx-lm's quantize_model, saved with its save functions; the
 tokenizer is the tiny test tokenizer (benchmarks feed random token ids). Both mlx-gen and mlx-lm load
 the same folder.
@@ -44,6 +45,17 @@ SHAPES = {
                              tie_word_embeddings=False,
                              rope_scaling=dict(type="yarn", factor=40.0, beta_fast=32, beta_slow=1, mscale=0.707,
                                                mscale_all_dim=0.707, original_max_position_embeddings=4096)),
+    # 30.5B total, 3.3B active (Qwen3-30B-A3B / Qwen3-Coder-30B-A3B)
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, intermediate_size=6144,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                          num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[],
+                          moe_intermediate_size=768, rms_norm_eps=1e-6, vocab_size=151936, rope_theta=1000000.0,
+                          tie_word_embeddings=False, max_position_embeddings=40960, norm_topk_prob=True),
+    # 46.7B total, 12.9B active
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+                         num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=1000000.0, tie_word_embeddings=False,
+                         max_position_embeddings=32768),
 }
 
 

@@ -16,6 +16,7 @@ use crate::cache::{BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
+use crate::prefill::prefill_chunk;
 use crate::sample::constraint::{apply_mask, TokenConstraint};
 use crate::sample::SamplerConfig;
 use mlx::random::KeySeq;
@@ -281,9 +282,7 @@ impl<'m> BatchEngine<'m> {
             if left > 1 {
                 let n = budget.min(left - 1);
                 let ids: Vec<i32> = p.prompt[p.done..p.done + n].iter().map(|&t| t as i32).collect();
-                self.model.forward(&Array::from_slice(&ids, &[1, n as i32])?, &mut p.cache)?;
-                let state: Vec<Array> = p.cache.iter().flat_map(|c| c.state()).collect();
-                mlx::eval(&state.iter().collect::<Vec<_>>())?;
+                prefill_chunk(self.model, &mut p.cache, &Array::from_slice(&ids, &[1, n as i32])?, None)?;
                 p.done += n;
                 budget -= n;
                 continue;

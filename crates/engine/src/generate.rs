@@ -5,6 +5,7 @@
 //! With a [`TokenConstraint`] each step queues the forward pass, reads the previous token, and
 //! computes the next token mask on the CPU while the device runs it (see `sample::constraint`).
 use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
+use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
@@ -22,6 +23,25 @@ pub struct GenerateConfig {
     /// `--kv-bits`: caches are quantized once they hold `start` positions (mlx-lm's
     /// `maybe_quantize_kv_cache`, after each prefill chunk and each step).
     pub kv_quant: Option<KvQuantConfig>,
+}
+
+impl GenerateConfig {
+    /// What every generator checks before it starts: a prompt to continue, sampler settings valid
+    /// for `model`'s vocabulary, a prefill step of at least one token, valid KV quantization.
+    pub fn validate(&self, model: &dyn Model, prompt: &[u32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
+        }
+        self.sampler.validate()?;
+        self.sampler.validate_vocab(model.vocab_size())?;
+        if self.prefill_step_size == 0 {
+            return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
+        }
+        if let Some(q) = &self.kv_quant {
+            q.validate()?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for GenerateConfig {
@@ -87,35 +107,22 @@ impl<'m> Generator<'m> {
         config: GenerateConfig,
         constraint: Option<Box<dyn TokenConstraint>>,
     ) -> Result<Generator<'m>> {
-        if prompt.is_empty() {
-            return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
-        }
-        config.sampler.validate()?;
-        config.sampler.validate_vocab(model.vocab_size())?;
-        if config.prefill_step_size == 0 {
-            return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
-        }
-        if let Some(q) = &config.kv_quant {
-            q.validate()?;
-        }
+        config.validate(model, prompt)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0));
         let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, constraint };
-        let mut rest: &[i32] = &ids;
-        while rest.len() > 1 {
-            let n = g.config.prefill_step_size.min(rest.len() - 1);
-            let chunk = Array::from_slice(&rest[..n], &[1, n as i32])?; // (1, n)
-            g.model.forward(&chunk, &mut g.cache)?;
-            maybe_quantize_kv_cache(&mut g.cache, g.config.kv_quant.as_ref())?;
-            let state: Vec<Array> = g.cache.iter().flat_map(|c| c.state()).collect();
-            mlx::eval(&state.iter().collect::<Vec<_>>())?;
-            if g.tracks_history() {
-                g.history = Some(extend_history(g.history.take(), &chunk, g.config.sampler.processors.history_needed())?);
+        let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
+        let mut history = None;
+        let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
+        let (step, kv_quant) = (g.config.prefill_step_size, g.config.kv_quant.clone());
+        let last = prefill(model, &mut g.cache, &all, step, kv_quant.as_ref(), |chunk| {
+            if track {
+                history = Some(extend_history(history.take(), chunk, keep)?);
             }
-            rest = &rest[n..];
-            mlx::runtime::clear_cache();
-        }
-        let last = Array::from_slice(rest, &[rest.len() as i32])?;
+            Ok(())
+        })?;
+        g.history = history;
+        let last = last.reshape(&[-1])?; // (1,)
         let vocab = g.model.vocab_size() as usize;
         let allowed = g.constraint.as_mut().map(|c| c.allowed(vocab)).transpose()?;
         let logits = g.logits(&last)?;

@@ -13,6 +13,7 @@ pub mod generate;
 mod load;
 pub mod models;
 pub mod pipeline;
+pub mod prefill;
 pub mod nn;
 pub mod sample;
 pub mod shard;

@@ -11,6 +11,7 @@
 //! mlx-lm's `prev_tokens` does. Prompt lookup (not in mlx-lm) keeps the whole history instead, so
 //! at temperature 0 it gives exactly the tokens of plain generation, penalties included.
 use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
+use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
@@ -149,21 +150,6 @@ fn step(
     Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
 }
 
-/// mlx-lm's `_prefill`: every prompt token but the last, in chunks.
-fn prefill(model: &dyn Model, cache: &mut [Box<dyn KvCache>], prompt: &[i32], config: &GenerateConfig) -> Result<()> {
-    let mut rest = prompt;
-    while rest.len() > 1 {
-        let n = config.prefill_step_size.min(rest.len() - 1);
-        model.forward(&Array::from_slice(&rest[..n], &[1, n as i32])?, cache)?;
-        maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
-        let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
-        mlx::eval(&state.iter().collect::<Vec<_>>())?;
-        rest = &rest[n..];
-        mlx::runtime::clear_cache();
-    }
-    Ok(())
-}
-
 /// The continuation (at most `max` tokens) of the latest earlier occurrence of the last n-gram of
 /// `seq`, for n from `ngram` down to 1; empty when there is none.
 pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
@@ -214,17 +200,7 @@ impl<'m> SpeculativeGenerator<'m> {
         spec: SpeculativeConfig,
     ) -> Result<SpeculativeGenerator<'m>> {
         let invalid = |m: &str| Err(EngineError::Invalid(m.into()));
-        if prompt.is_empty() {
-            return invalid("the prompt is empty: there is nothing to continue");
-        }
-        config.sampler.validate()?;
-        config.sampler.validate_vocab(model.vocab_size())?;
-        if config.prefill_step_size == 0 {
-            return invalid("prefill step size must be at least 1");
-        }
-        if let Some(q) = &config.kv_quant {
-            q.validate()?;
-        }
+        config.validate(model, prompt)?;
         if spec.num_draft_tokens == 0 {
             return invalid("the number of draft tokens must be at least 1");
         }
@@ -232,6 +208,8 @@ impl<'m> SpeculativeGenerator<'m> {
             return invalid("speculative decoding needs a trimmable KV cache (not a rotating one)");
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
+        let (step, kv_quant) = (config.prefill_step_size, config.kv_quant.as_ref());
         let processors = &config.sampler.processors;
         let need = processors.history_needed();
         let mut history = History { tokens: None, track: !processors.is_empty() && need != Some(0), keep: need };
@@ -241,7 +219,7 @@ impl<'m> SpeculativeGenerator<'m> {
                 if !can_trim_prompt_cache(dc) {
                     return invalid("speculative decoding needs a trimmable draft KV cache (not a rotating one)");
                 }
-                prefill(*d, dc, &ids, &config)?;
+                prefill(*d, dc, &all, step, kv_quant, |_| Ok(()))?;
             }
             Draft::PromptLookup { ngram } => {
                 if *ngram == 0 {
@@ -255,7 +233,7 @@ impl<'m> SpeculativeGenerator<'m> {
             }
         }
         let mut cache = cache;
-        prefill(model, &mut cache, &ids, &config)?;
+        prefill(model, &mut cache, &all, step, kv_quant, |_| Ok(()))?;
         let last = *prompt.last().unwrap_or(&0);
         let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
         let k = spec.num_draft_tokens;

@@ -234,21 +234,13 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
     let tic = Instant::now();
     let mut cache = model.make_cache();
     let all = Array::from_slice(&ids, &[b, p])?;
-    let mut start = 0;
     crate::rank::heartbeat("prefill");
-    while p - start > 1 {
-        let n = (args.prefill_step_size as i32).min(p - 1 - start);
-        model.forward(&all.slice_axis(1, start, start + n)?, &mut cache)?;
-        let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
-        mlx::eval(&state.iter().collect::<Vec<_>>())?;
-        start += n;
-        mlx::runtime::clear_cache();
-    }
+    let last = engine::prefill::prefill(model, &mut cache, &all, args.prefill_step_size, None, |_| Ok(()))?; // (B, 1)
     let greedy = |input: &Array, cache: &mut Vec<Box<dyn engine::cache::KvCache>>| -> Result<Array> {
         let logits = model.forward(input, cache)?; // (B, L, vocab)
         Ok(logits.slice_axis(1, -1, i32::MAX)?.argmax(-1, false)?) // (B, 1)
     };
-    let mut y = greedy(&all.slice_axis(1, start, p)?, &mut cache)?;
+    let mut y = greedy(&last, &mut cache)?;
     y.eval()?;
     let first = Instant::now();
     for i in 1..args.generation_tokens {

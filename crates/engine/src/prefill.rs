@@ -1,0 +1,50 @@
+//! The one prefill loop, mlx-lm's `_prefill` / `generate_step` prologue: every prompt position but
+//! the last runs through the model in chunks of at most `prefill_step_size`; after each chunk the
+//! caches are quantized if `--kv-bits` asks, evaluated, and MLX's buffer cache is cleared. The last
+//! position is left to the caller, whose forward pass over it gives the first token's logits.
+//! Used by the generator, speculative decoding (target and draft), the batch engine's newcomers
+//! and `bench`'s batched trial.
+use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
+use crate::error::{EngineError, Result};
+use crate::models::Model;
+use mlx::Array;
+
+/// One prefill forward pass of `chunk` (B, n) into `cache`: quantized when `kv_quant` says so,
+/// evaluated, then MLX's buffer cache cleared (as mlx-lm after each chunk).
+pub fn prefill_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &Array, kv_quant: Option<&KvQuantConfig>) -> Result<()> {
+    model.forward(chunk, cache)?;
+    maybe_quantize_kv_cache(cache, kv_quant)?;
+    let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
+    mlx::eval(&state.iter().collect::<Vec<_>>())?;
+    mlx::runtime::clear_cache();
+    Ok(())
+}
+
+/// Prefills every position of `prompt` (B, L) but the last into `cache`, in chunks of at most
+/// `step` positions; `each` sees each chunk (B, n) after it ran (the token history of the logits
+/// processors). Returns the last position, (B, 1), not yet in the cache.
+pub fn prefill(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    prompt: &Array,
+    step: usize,
+    kv_quant: Option<&KvQuantConfig>,
+    mut each: impl FnMut(&Array) -> Result<()>,
+) -> Result<Array> {
+    if step == 0 {
+        return Err(EngineError::Invalid("prefill step size must be at least 1".into()));
+    }
+    let len = prompt.dim(1);
+    if len < 1 {
+        return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
+    }
+    let mut start = 0;
+    while len - start > 1 {
+        let n = (step.min(i32::MAX as usize) as i32).min(len - 1 - start);
+        let chunk = prompt.slice_axis(1, start, start + n)?; // (B, n)
+        prefill_chunk(model, cache, &chunk, kv_quant)?;
+        each(&chunk)?;
+        start += n;
+    }
+    Ok(prompt.slice_axis(1, start, len)?) // (B, 1)
+}
