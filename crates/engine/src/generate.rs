@@ -114,7 +114,7 @@ impl<'m> Generator<'m> {
         let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
         let mut history = None;
         let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
-        let (step, kv_quant) = (g.config.prefill_step_size, g.config.kv_quant.clone());
+        let (step, kv_quant) = (g.config.prefill_step_size, g.config.kv_quant);
         let last = prefill(model, &mut g.cache, &all, step, kv_quant.as_ref(), |chunk| {
             if track {
                 history = Some(extend_history(history.take(), chunk, keep)?);
