@@ -245,13 +245,17 @@ int mlxs_array_to_host(const mlxs_array a, int dtype, void* buf, size_t nbytes) 
 // Work queued with async_eval may still run on MLX's stream thread when the process exits; MLX's
 // own statics (scheduler, allocator) are then destroyed under it (seen as glibc heap corruption at
 // exit). Registered at the first evaluation, after MLX has built those statics, this handler runs
-// before their destructors and waits for the queued work.
+// before their destructors and waits for the queued work. It waits on the stream the first
+// evaluation used, named explicitly: `synchronize()` without one would look up the exiting main
+// thread's default stream, whose thread-local list is already gone when the evaluations ran on
+// another thread (the server's engine thread, a test thread), a use after free.
 static void wait_at_exit() {
   static std::once_flag once;
   std::call_once(once, [] {
+    static const mx::Stream stream = mx::default_stream(mx::default_device());
     std::atexit([] {
       try {
-        mx::synchronize();
+        mx::synchronize(stream);
       } catch (...) {
       }
     });
