@@ -66,6 +66,8 @@ def main():
     ap.add_argument("--bits", type=int, default=4, help="0 keeps floats")
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--uniform", action="store_true",
+                    help="every layer at --bits, ignoring the model's own quant_predicate (qwen3_moe's 8-bit routers)")
     args = ap.parse_args()
 
     from mlx_lm.utils import _get_classes  # the architecture classes mlx-lm uses for this model_type
@@ -78,7 +80,8 @@ def main():
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     if args.bits:
-        model, config = quantize_model(model, config, args.group_size, args.bits)
+        predicate = (lambda path, module: True) if args.uniform else None
+        model, config = quantize_model(model, config, args.group_size, args.bits, quant_predicate=predicate)
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
     save_model(out, model, donate_model=True)
