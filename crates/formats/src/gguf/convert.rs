@@ -4,8 +4,8 @@
 use super::quants::{dequantize, GgmlType};
 use super::reader::{GgufFile, Value};
 use super::GgufError;
-use std::fs::File;
 use serde_json::{json, Map, Value as Json};
+use std::fs::File;
 
 /// The GGUF architectures the import understands.
 pub const ARCHITECTURES: &[&str] = &["llama", "qwen2", "qwen3", "qwen3moe"];
@@ -239,7 +239,12 @@ fn llama3_factors(head_dim: u64, base: f64, factor: f64, low: f64, high: f64, or
 /// high 4, original context 8192; the factor is the largest entry, 8 or 32) unless the metadata has
 /// `llama.rope.scaling.{factor,low_freq_factor,high_freq_factor,original_context_length}`. The tensor
 /// must then equal what the parameters give (relative 1e-4), or the import is refused.
-fn llama3_scaling(freqs: &[f32], head_dim: u64, base: f64, param: &dyn Fn(&str) -> Option<f64>) -> Result<Json, GgufError> {
+fn llama3_scaling(
+    freqs: &[f32],
+    head_dim: u64,
+    base: f64,
+    param: &dyn Fn(&str) -> Option<f64>,
+) -> Result<Json, GgufError> {
     let max = freqs.iter().fold(f32::NAN, |m, &v| m.max(v)) as f64;
     let factor = param("factor").unwrap_or(max);
     let low = param("low_freq_factor").unwrap_or(1.0);
