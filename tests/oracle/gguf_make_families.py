@@ -6,6 +6,8 @@ gguf_make_families.py OUT_DIR
 
 OUT_DIR/llama3.gguf      llama, 2 layers, Llama 3.1-style `rope_freqs` (factor 8, low 1, high 4,
                          original context 8192, as convert_hf_to_gguf.py computes them)
+OUT_DIR/llama32.gguf     the same with Llama 3.2's factor 32, and llama.rope.scaling.factor /
+                         original_context_length in the metadata
 OUT_DIR/llama3_bad.gguf  the same with one rope_freqs value changed (no llama3 parameters fit)
 OUT_DIR/qwen3.gguf       qwen3, q/k norms, tied embeddings
 OUT_DIR/qwen3moe.gguf    qwen3moe, 4 experts (2 per token) stacked as ffn_{gate,up,down}_exps
@@ -46,8 +48,12 @@ def llama3_rope_freqs(factor=8.0, low=1.0, high=4.0, original=8192):
     return np.array(out, dtype=np.float32)
 
 
-def write(path, arch, rng, *, tied=False, rope_freqs=None, iq2=False):
+def write(path, arch, rng, *, tied=False, rope_freqs=None, iq2=False, scaling_keys=None):
     w = GGUFWriter(path, arch)
+    if scaling_keys is not None:
+        factor, original = scaling_keys
+        w.add_rope_scaling_factor(factor)
+        w.add_rope_scaling_orig_ctx_len(original)
     w.add_block_count(LAYERS)
     w.add_context_length(4096)
     w.add_embedding_length(HIDDEN)
@@ -127,6 +133,8 @@ def main():
     rng = np.random.default_rng(77)
     freqs = llama3_rope_freqs()
     write(os.path.join(out, "llama3.gguf"), "llama", rng, rope_freqs=freqs)
+    llama32 = llama3_rope_freqs(32.0)
+    write(os.path.join(out, "llama32.gguf"), "llama", rng, rope_freqs=llama32, scaling_keys=(32.0, 8192))
     bad = freqs.copy()
     bad[HEAD_DIM // 4] *= 1.5
     write(os.path.join(out, "llama3_bad.gguf"), "llama", rng, rope_freqs=bad)

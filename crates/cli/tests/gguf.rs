@@ -411,6 +411,10 @@ fn llama3_rope_freqs_become_rope_scaling_and_generate_like_mlx_lm() {
     assert_eq!(c["rope_theta"], 500000.0);
     assert!(load_tensors(&out).keys().all(|k| !k.contains("rope")), "rope_freqs was written");
     generates_like_mlx_lm(&out, PROMPT, 12);
+    // Llama 3.2's factor 32, with the parameters also in the metadata.
+    let c = read_config(&import_family("llama32"));
+    assert_eq!(c["rope_scaling"]["factor"], 32.0);
+    assert_eq!(c["rope_scaling"]["original_max_position_embeddings"], 8192);
     let bad = scratch("llama3-bad").join("model");
     let e = import_gguf(&families().join("llama3_bad.gguf"), &bad, &ImportOptions::default()).unwrap_err();
     assert!(e.to_string().contains("rope_freqs.weight") && e.to_string().contains("not Llama 3"), "{e}");
