@@ -35,6 +35,29 @@ def raw_blocks(rng, qtype, rows, cols):
     return data.reshape(rows, cols // block * size)
 
 
+def add_tokenizer(w, pre):
+    """A byte-level BPE vocabulary of VOCAB tokens: three control tokens, the 256 byte symbols,
+    merges, then padding; `pre` is tokenizer.ggml.pre."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    syms = list(bytes_to_unicode().values())
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + syms
+    merges = []
+    for a, b in [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n")]:
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+    tokens += [f"<extra_{i}>" for i in range(VOCAB - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(os.path.join(out, "ref"), exist_ok=True)
@@ -50,25 +73,7 @@ def main():
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(VOCAB)
     w.add_rope_dimension_count(HIDDEN // HEADS)
-    # A byte-level BPE vocabulary: three control tokens, the 256 byte symbols, then merges.
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    syms = list(bytes_to_unicode().values())
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + syms
-    merges = []
-    for a, b in [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n")]:
-        merges.append(f"{a} {b}")
-        tokens.append(a + b)
-    tokens += [f"<extra_{i}>" for i in range(VOCAB - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    add_tokenizer(w, "smollm")
 
     def floats(rows, cols, scale=0.05):
         return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)

@@ -1,8 +1,10 @@
-//! GGUF import tests: exact dequantization against gguf-py on a synthetic file, the Q/K permutation,
-//! corrupt files, and the real SmolLM2 GGUF against transformers (tokens) and mlx-lm (generation).
+//! GGUF import tests: exact dequantization against gguf-py on a synthetic file (and on raw Q2_K / Q3_K
+//! blocks), the Q/K permutation, corrupt files and unsupported types, tiny Llama 3 (rope_freqs),
+//! qwen3 and qwen3moe GGUFs against mlx-lm, and the real SmolLM2 GGUF against transformers (tokens)
+//! and mlx-lm (generation).
 //! Needs the oracle venv (scripts/oracle-venv.sh) with the `gguf` package; fails, never skips.
 use formats::default_model::{default_model_dir_in, extract_verified};
-use formats::gguf::{import_gguf, permute_rows, unpermute_rows, GgufFile, ImportOptions};
+use formats::gguf::{dequantize, import_gguf, permute_rows, unpermute_rows, GgmlType, GgufFile, ImportOptions};
 use engine::{GenerateConfig, Generator, LoadedModel};
 use mlx::ops::QuantSpec;
 use mlx::{Array, Dtype};
@@ -292,18 +294,20 @@ fn smollm2_generates_paris_like_mlx_lm() {
     assert_eq!(config["tie_word_embeddings"], true);
     assert_eq!(config["eos_token_id"], 2);
 
+    let all = generates_like_mlx_lm(dir, "The capital of France is", 32);
+    let text = LoadedModel::load(dir).unwrap().tokenizer.decode(&all, false).unwrap();
+    assert!(text.starts_with(" Paris"), "generated {text:?}");
+}
+
+/// Greedy tokens (EOS ignored) of the engine on the model folder `dir`, asserted equal to mlx-lm's
+/// (loading the same folder), prompt tokens included.
+fn generates_like_mlx_lm(dir: &Path, prompt: &str, n: usize) -> Vec<u32> {
     let m = LoadedModel::load(dir).expect("LoadedModel::load");
-    let prompt = "The capital of France is";
     let ids = m.tokenizer.encode(prompt, true).unwrap();
-    // Greedy, EOS ignored: the text starts with " Paris", and mlx-lm (loading the same folder)
-    // generates the same tokens.
-    let n = 32;
     let cfg = GenerateConfig { max_tokens: Some(n), ..Default::default() };
     let all: Vec<u32> =
         Generator::new(m.model.as_ref(), &ids, m.model.make_cache(), cfg).unwrap().map(|g| g.unwrap().token).collect();
     assert_eq!(all.len(), n);
-    let text = m.tokenizer.decode(&all, false).unwrap();
-    assert!(text.starts_with(" Paris"), "generated {text:?}");
     let script = repo_root().join("tests/oracle/gguf_mlx_lm.py");
     let out = python(&[script.to_str().unwrap(), dir.to_str().unwrap(), prompt, &n.to_string()]);
     let r: serde_json::Value = serde_json::from_slice(&out).unwrap();
@@ -312,6 +316,7 @@ fn smollm2_generates_paris_like_mlx_lm() {
     };
     assert_eq!(ids_of(&r["prompt_ids"]), ids, "prompt tokens differ from mlx-lm's");
     assert_eq!(ids_of(&r["tokens"]), all, "greedy tokens differ from mlx-lm's");
+    all
 }
 
 #[test]
@@ -343,4 +348,107 @@ fn smollm2_token_ids_match_transformers_gguf_tokenizer() {
         &bad[..bad.len().min(3)]
     );
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The tiny family GGUFs and raw K-quant blocks of gguf_make_families.py (made once per process).
+fn families() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = scratch("families");
+        let script = repo_root().join("tests/oracle/gguf_make_families.py");
+        python(&[script.to_str().unwrap(), dir.to_str().unwrap()]);
+        dir
+    })
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn read_config(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
+}
+
+/// A float32 import of the family GGUF `name` into a fresh folder.
+fn import_family(name: &str) -> PathBuf {
+    let out = scratch(name).join("model");
+    let opts = ImportOptions { dtype: Some(Dtype::F32), ..Default::default() };
+    import_gguf(&families().join(format!("{name}.gguf")), &out, &opts).unwrap();
+    out
+}
+
+const PROMPT: &str = "the cat in the hat, then another";
+
+#[test]
+fn q2_k_and_q3_k_dequantize_like_gguf_py() {
+    for (ty, name) in [(GgmlType::Q2_K, "Q2_K"), (GgmlType::Q3_K, "Q3_K")] {
+        let data = std::fs::read(families().join(format!("kq/{name}.bin"))).unwrap();
+        let want = f32s(&std::fs::read(families().join(format!("kq/{name}.f32"))).unwrap());
+        let got = dequantize(ty, &data).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let bad = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(bad, 0, "{name}: {bad} of {} values differ from gguf-py's dequantize", want.len());
+        assert!(dequantize(ty, &data[..data.len() - 1]).is_err(), "{name}: a partial block");
+    }
+}
+
+#[test]
+fn unsupported_tensor_type_is_named() {
+    let out = scratch("iq2").join("model");
+    let e = import_gguf(&families().join("iq2.gguf"), &out, &ImportOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("blk.0.ffn_up.weight") && e.contains("IQ2_XXS"), "{e}");
+    assert!(e.contains("supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"), "{e}");
+    assert!(!out.exists());
+}
+
+#[test]
+fn llama3_rope_freqs_become_rope_scaling_and_generate_like_mlx_lm() {
+    let out = import_family("llama3");
+    let c = read_config(&out);
+    let want = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    assert_eq!(c["rope_scaling"], want);
+    assert_eq!(c["rope_theta"], 500000.0);
+    assert!(load_tensors(&out).keys().all(|k| !k.contains("rope")), "rope_freqs was written");
+    generates_like_mlx_lm(&out, PROMPT, 12);
+    // Llama 3.2's factor 32, with the parameters also in the metadata.
+    let c = read_config(&import_family("llama32"));
+    assert_eq!(c["rope_scaling"]["factor"], 32.0);
+    assert_eq!(c["rope_scaling"]["original_max_position_embeddings"], 8192);
+    let bad = scratch("llama3-bad").join("model");
+    let e = import_gguf(&families().join("llama3_bad.gguf"), &bad, &ImportOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("rope_freqs.weight") && e.to_string().contains("not Llama 3"), "{e}");
+}
+
+#[test]
+fn qwen3_imports_and_generates_like_mlx_lm() {
+    let out = import_family("qwen3");
+    let c = read_config(&out);
+    assert_eq!((c["model_type"].as_str(), c["head_dim"].as_u64()), (Some("qwen3"), Some(16)));
+    assert_eq!(c["tie_word_embeddings"], true);
+    let t = load_tensors(&out);
+    assert_eq!(t["model.layers.1.self_attn.k_norm.weight"].shape(), vec![16]);
+    generates_like_mlx_lm(&out, PROMPT, 12);
+}
+
+#[test]
+fn qwen3moe_imports_and_generates_like_mlx_lm() {
+    let out = import_family("qwen3moe");
+    let c = read_config(&out);
+    assert_eq!(c["model_type"], "qwen3_moe");
+    let moe = ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"];
+    assert_eq!(moe.map(|k| c[k].as_u64()), [Some(4), Some(2), Some(32), Some(1)]);
+    assert_eq!(c["norm_topk_prob"], true);
+    let t = load_tensors(&out);
+    assert_eq!(t["model.layers.0.mlp.gate.weight"].shape(), vec![4, 64]);
+    assert_eq!(t["model.layers.0.mlp.switch_mlp.up_proj.weight"].shape(), vec![4, 32, 64]);
+    assert_eq!(t["model.layers.1.mlp.switch_mlp.down_proj.weight"].shape(), vec![4, 64, 32]);
+    generates_like_mlx_lm(&out, PROMPT, 12);
+    // The default import requantizes: the router at 8 bits (mlx-lm's qwen3_moe predicate).
+    let q = scratch("qwen3moe-q").join("model");
+    import_gguf(&families().join("qwen3moe.gguf"), &q, &ImportOptions::default()).unwrap();
+    let qc = read_config(&q);
+    assert_eq!(qc["quantization"]["model.layers.0.mlp.gate"], serde_json::json!({"group_size": 64, "bits": 8}));
+    let m = LoadedModel::load(&q).expect("the quantized qwen3moe import loads");
+    assert!(m.prompt_logits(&[5, 6, 7]).unwrap().iter().all(|x| x.is_finite()));
 }

@@ -1,13 +1,14 @@
-//! GGUF import: reads a llama.cpp GGUF file (architectures `llama`, `qwen2`) and writes an MLX model
-//! folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) that mlx-lm and
-//! the engine's `LoadedModel` load, keeping Q4_0/Q4_1/Q8_0 weights bit-exact.
+//! GGUF import: reads a llama.cpp GGUF file (architectures `llama` incl. Llama 3.x rope scaling,
+//! `qwen2`, `qwen3`, `qwen3moe`) and writes an MLX model folder (config.json, model.safetensors,
+//! tokenizer.json, tokenizer_config.json) that mlx-lm and the engine's `LoadedModel` load, keeping
+//! Q4_0/Q4_1/Q8_0 weights bit-exact and requantizing the other types ([`SUPPORTED`]).
 mod convert;
 mod quants;
 mod reader;
 mod tokenizer;
 
 pub use convert::{hf_name, permute_rows, unpermute_rows, ARCHITECTURES};
-pub use quants::{dequantize, repack_lossless, GgmlType, Packed};
+pub use quants::{dequantize, repack_lossless, GgmlType, Packed, SUPPORTED};
 pub use reader::{GgufFile, TensorInfo, Value};
 
 use mlx::ops::QuantSpec;
@@ -124,7 +125,15 @@ fn f16_array(bits: &[u16], shape: &[i32]) -> Result<Array, GgufError> {
 /// The whole import into the (empty) folder `dir`.
 fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportSummary, GgufError> {
     let g = GgufFile::open(gguf)?;
-    let arch = convert::arch_config(&g)?;
+    let mut file = fs::File::open(gguf).map_err(|e| io(gguf, e))?;
+    let arch = convert::arch_config(&g, &mut file)?;
+    // Refuse a tensor type the import cannot read before the long part.
+    if let Some(t) = g.tensors.iter().find(|t| !convert::ignored(&t.name) && !t.ggml_type.is_supported()) {
+        return Err(match t.ggml_type.unsupported() {
+            GgufError::Unsupported(m) => GgufError::Unsupported(format!("tensor {}: {m}", t.name)),
+            e => e,
+        });
+    }
     let tok = tokenizer::build(&g)?;
     // Refuse a tokenizer.json the tokenizers crate cannot load, before the long part.
     let tok_text = serde_json::to_string(&tok.tokenizer_json).map_err(|e| GgufError::Io(e.to_string()))?;
@@ -134,7 +143,8 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
     // float32 keeps GGUF's f16 scales and f32 norms exactly, and is what MLX's CPU backend runs fast.
     let float_dtype = opts.dtype.unwrap_or(Dtype::F32);
     let requant = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
-    let mut file = fs::File::open(gguf).map_err(|e| io(gguf, e))?;
+    // mlx-lm's qwen3_moe quant_predicate keeps each router at 8 bits, group 64.
+    let router = QuantSpec { group_size: 64, bits: 8 };
     let mut out: Vec<(String, Array)> = Vec::new();
     let mut specs: BTreeMap<String, QuantSpec> = BTreeMap::new();
     let mut summary = ImportSummary { architecture: arch.name.clone(), ..Default::default() };
@@ -150,16 +160,21 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
             Some("attn_k") if arch.name == "llama" => Some(arch.n_kv_heads as usize),
             _ => None,
         };
+        // Only stacked experts ([experts, out, in]) have three dimensions.
+        let ndim = t.dims.len();
+        if ndim > 3 || (ndim == 3 && !hf.contains(".switch_mlp.")) {
+            return Err(GgufError::Unsupported(format!("tensor {} has {ndim} dimensions", t.name)));
+        }
         let data = g.read_tensor(&mut file, t)?;
         let shape = t.shape();
-        let (rows, cols) =
-            if t.dims.len() == 2 { (t.dims[1] as usize, t.dims[0] as usize) } else { (t.n_elements() as usize, 1) };
-        if t.dims.len() > 2 {
-            return Err(GgufError::Unsupported(format!("tensor {} has {} dimensions", t.name, t.dims.len())));
-        }
+        let matrix = ndim >= 2;
+        let cols = if matrix { t.dims[0] as usize } else { 1 };
+        // The leading dimensions of a matrix (or stack of matrices), then the columns.
+        let lead: Vec<i32> = shape[..shape.len().saturating_sub(1)].to_vec();
+        let with_last = |last: usize| -> Vec<i32> { lead.iter().copied().chain([last as i32]).collect() };
         let layer = hf.strip_suffix(".weight").map(str::to_owned);
-        let packed = match (&layer, opts.dtype, t.dims.len()) {
-            (Some(_), None, 2) if t.ggml_type.is_lossless() => repack_lossless(t.ggml_type, &data),
+        let packed = match (&layer, opts.dtype, matrix) {
+            (Some(_), None, true) if t.ggml_type.is_lossless() => repack_lossless(t.ggml_type, &data),
             _ => None,
         };
         if let (Some(p), Some(layer)) = (packed, &layer) {
@@ -170,10 +185,9 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
                 s = unpermute_rows(&s, h, groups)?;
                 b = unpermute_rows(&b, h, groups)?;
             }
-            let (r, wc, gc) = (rows as i32, wcols as i32, groups as i32);
-            out.push((hf.clone(), Array::from_slice(&w, &[r, wc])?));
-            out.push((format!("{layer}.scales"), f16_array(&s, &[r, gc])?.astype(float_dtype)?));
-            out.push((format!("{layer}.biases"), f16_array(&b, &[r, gc])?.astype(float_dtype)?));
+            out.push((hf.clone(), Array::from_slice(&w, &with_last(wcols))?));
+            out.push((format!("{layer}.scales"), f16_array(&s, &with_last(groups))?.astype(float_dtype)?));
+            out.push((format!("{layer}.biases"), f16_array(&b, &with_last(groups))?.astype(float_dtype)?));
             specs.insert(layer.clone(), QuantSpec { group_size: 32, bits: p.bits });
             summary.lossless += 1;
             summary.tensors += 1;
@@ -189,15 +203,15 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
         }
         let a = Array::from_slice(&values, &shape)?.astype(float_dtype)?;
         drop(values);
-        let quantize =
-            opts.dtype.is_none() && t.dims.len() == 2 && layer.is_some() && cols % opts.q_group_size as usize == 0;
+        let spec = if hf.ends_with(".mlp.gate.weight") { router } else { requant };
+        let quantize = opts.dtype.is_none() && matrix && layer.is_some() && cols % spec.group_size as usize == 0;
         if let (true, Some(layer)) = (quantize, &layer) {
-            let (w, s, b) = mlx::ops::quantize(&a, requant)?;
+            let (w, s, b) = mlx::ops::quantize(&a, spec)?;
             mlx::eval(&[&w, &s, &b])?;
             out.push((hf.clone(), w));
             out.push((format!("{layer}.scales"), s));
             out.push((format!("{layer}.biases"), b));
-            specs.insert(layer.clone(), requant);
+            specs.insert(layer.clone(), spec);
             summary.requantized += 1;
         } else {
             a.eval()?;

@@ -1,5 +1,6 @@
-//! ggml tensor types: block sizes, host dequantization exactly as ggml's reference code, and the
-//! lossless repacking of Q4_0, Q4_1 and Q8_0 blocks into MLX affine quantization (group size 32).
+//! ggml tensor types: block sizes, host dequantization exactly as ggml's reference code (floats,
+//! Q4_0-Q8_0 and the K-quants Q2_K-Q6_K), and the lossless repacking of Q4_0, Q4_1 and Q8_0 blocks
+//! into MLX affine quantization (group size 32).
 use super::GgufError;
 use half::{bf16, f16};
 
@@ -113,11 +114,28 @@ impl GgmlType {
         }
     }
 
+    /// Whether [`dequantize`] reads this type (the list is [`SUPPORTED`]).
+    pub fn is_supported(self) -> bool {
+        SUPPORTED.contains(&self)
+    }
+
+    /// An error naming this type and listing the supported ones.
+    pub fn unsupported(self) -> GgufError {
+        let names: Vec<String> = SUPPORTED.iter().map(|t| format!("{t:?}")).collect();
+        GgufError::Unsupported(format!("ggml type {self:?} cannot be converted (supported: {})", names.join(", ")))
+    }
+
     /// Whether [`repack_lossless`] maps this type exactly onto MLX affine quantization.
     pub fn is_lossless(self) -> bool {
         matches!(self, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
     }
 }
+
+/// The ggml types [`dequantize`] reads.
+pub const SUPPORTED: &[GgmlType] = {
+    use GgmlType::*;
+    &[F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
+};
 
 fn h(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -184,6 +202,54 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, GgufError> {
                 y.extend(b[2..34].iter().map(|&q| (q as i8) as f32 * d));
             }
         }
+        Q2_K => {
+            // scales[16] (4-bit scale | 4-bit min << 4), qs[64] (2-bit), d, dmin.
+            for b in blocks {
+                let (d, min) = (h(b, 80), h(b, 82));
+                let mut sub = b[0..16].iter();
+                for n in 0..2 {
+                    let q = &b[16 + n * 32..48 + n * 32];
+                    for shift in (0..8).step_by(2) {
+                        for half in [&q[..16], &q[16..]] {
+                            let sc = sub.next().copied().unwrap_or(0);
+                            let (dl, ml) = (d * (sc & 0xF) as f32, min * (sc >> 4) as f32);
+                            y.extend(half.iter().map(|&v| dl * ((v >> shift) & 3) as f32 - ml));
+                        }
+                    }
+                }
+            }
+        }
+        Q3_K => {
+            // hmask[32] (high bits, set = no -4), qs[64] (low 2 bits), 12 bytes of 6-bit scales, d.
+            for b in blocks {
+                let d = h(b, 108);
+                let word = |i: usize| u32::from_le_bytes([b[96 + 4 * i], b[97 + 4 * i], b[98 + 4 * i], b[99 + 4 * i]]);
+                let (a0, a1, tmp) = (word(0), word(1), word(2));
+                let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+                let aux = [
+                    (a0 & k2) | ((tmp & k1) << 4),
+                    (a1 & k2) | (((tmp >> 2) & k1) << 4),
+                    ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+                    ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+                ];
+                let mut sub = aux.iter().flat_map(|w| w.to_le_bytes());
+                let hm = &b[0..32];
+                let mut m = 1u8;
+                for n in 0..2 {
+                    let q = &b[32 + n * 32..64 + n * 32];
+                    for shift in (0..8).step_by(2) {
+                        for (half, hmh) in [(&q[..16], &hm[..16]), (&q[16..], &hm[16..])] {
+                            let dl = d * ((sub.next().unwrap_or(32) as i8) as i32 - 32) as f32;
+                            y.extend(half.iter().zip(hmh).map(|(&v, &hb)| {
+                                let q = ((v >> shift) & 3) as i32 - if hb & m != 0 { 0 } else { 4 };
+                                dl * q as f32
+                            }));
+                        }
+                        m <<= 1;
+                    }
+                }
+            }
+        }
         Q4_K | Q5_K => {
             for b in blocks {
                 let (d, min) = (h(b, 0), h(b, 2));
@@ -229,11 +295,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8]) -> Result<Vec<f32>, GgufError> {
                 y.extend_from_slice(&out);
             }
         }
-        other => {
-            return Err(GgufError::Unsupported(format!(
-                "ggml type {other:?} cannot be converted (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)"
-            )))
-        }
+        other => return Err(other.unsupported()),
     }
     Ok(y)
 }
