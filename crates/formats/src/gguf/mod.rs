@@ -133,7 +133,7 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
 
     // float32 keeps GGUF's f16 scales and f32 norms exactly, and is what MLX's CPU backend runs fast.
     let float_dtype = opts.dtype.unwrap_or(Dtype::F32);
-    let requant = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
+    let requant = QuantSpec::affine(opts.q_group_size, opts.q_bits);
     let mut file = fs::File::open(gguf).map_err(|e| io(gguf, e))?;
     let mut out: Vec<(String, Array)> = Vec::new();
     let mut specs: BTreeMap<String, QuantSpec> = BTreeMap::new();
@@ -174,7 +174,7 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
             out.push((hf.clone(), Array::from_slice(&w, &[r, wc])?));
             out.push((format!("{layer}.scales"), f16_array(&s, &[r, gc])?.astype(float_dtype)?));
             out.push((format!("{layer}.biases"), f16_array(&b, &[r, gc])?.astype(float_dtype)?));
-            specs.insert(layer.clone(), QuantSpec { group_size: 32, bits: p.bits });
+            specs.insert(layer.clone(), QuantSpec::affine(32, p.bits));
             summary.lossless += 1;
             summary.tensors += 1;
             continue;
@@ -192,7 +192,7 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
         let quantize =
             opts.dtype.is_none() && t.dims.len() == 2 && layer.is_some() && cols % opts.q_group_size as usize == 0;
         if let (true, Some(layer)) = (quantize, &layer) {
-            let (w, s, b) = mlx::ops::quantize(&a, requant)?;
+            let (w, s, b) = mlx::ops::quantize_affine(&a, requant)?;
             mlx::eval(&[&w, &s, &b])?;
             out.push((hf.clone(), w));
             out.push((format!("{layer}.scales"), s));
