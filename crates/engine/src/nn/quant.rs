@@ -225,6 +225,15 @@ mod tests {
         let f8 = hf(json!({"quant_method": "compressed-tensors", "format": "float-quantized"}));
         assert!(f8.unwrap_err().to_string().contains("float-quantized"));
         assert!(hf(json!({"quant_method": "awq", "bits": 4})).is_err());
+        let mx = QuantConfig::from_config(&json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}})).unwrap();
+        assert_eq!(mx.default, Some(QuantMode::Mxfp4.defaults()));
+        let bad = QuantConfig::from_config(&json!({"quantization": {"group_size": 64, "bits": 4, "mode": "nvfp4"}}));
+        assert!(bad.unwrap_err().to_string().contains("not supported"));
+        // mlx_lm.convert --quant-predicate writes a null group size per layer: the mode's default.
+        let mixed = json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+            "lm_head": {"group_size": null, "bits": 6, "mode": "affine"}}});
+        let mixed = QuantConfig::from_config(&mixed).unwrap();
+        assert_eq!(mixed.overrides["lm_head"], Some(QuantSpec::affine(64, 6)));
         // MLX's own entry, with no quant_method, still reads as before.
         let mlx = hf(json!({"group_size": 64, "bits": 4})).unwrap();
         assert_eq!(mlx.default, Some(QuantSpec::affine(64, 4)));
