@@ -102,7 +102,7 @@ impl Linear {
         };
         let kind = match &self.kind {
             Kind::Float(w) => Kind::Float(part(w)?),
-            Kind::Quant(q) => Kind::Quant(q.map(|a| Ok(part(a)?))?),
+            Kind::Quant(q) => Kind::Quant(q.map(part)?),
         };
         let (bias, reduce) = match mode {
             ShardMode::AllToSharded => (self.bias.as_ref().map(|b| shard::rows(b, segments, rank, size)).transpose()?, None),

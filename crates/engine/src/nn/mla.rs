@@ -172,7 +172,7 @@ impl MultiLinear {
         let part = |a: &Array| crate::shard::block(a, 0, group.rank(), group.size());
         Ok(MultiLinear(match &self.0 {
             MultiKind::Float(w) => MultiKind::Float(part(w)?),
-            MultiKind::Quant(q) => MultiKind::Quant(q.map(|a| Ok(part(a)?))?),
+            MultiKind::Quant(q) => MultiKind::Quant(q.map(part)?),
         }))
     }
 

@@ -71,7 +71,7 @@ impl SwitchLinear {
         let part = |a: &Array| shard::block(a, axis, group.rank(), group.size());
         Ok(SwitchLinear(match &self.0 {
             SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
-            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(|a| Ok(part(a)?))?),
+            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
         }))
     }
 
