@@ -62,10 +62,13 @@ fn same_generation(ours: &Path, theirs: &Path) {
 }
 
 fn case(name: &str, variant: &str, flags: &[&str]) {
+    case_from(name, &common::model(variant), flags);
+}
+
+fn case_from(name: &str, src: &Path, flags: &[&str]) {
     let dir = work(name);
-    let src = common::model(variant);
     let (ours, theirs) = (dir.join("ours"), dir.join("theirs"));
-    mlx_lm_convert(&src, &theirs, flags);
+    mlx_lm_convert(src, &theirs, flags);
     let mut args = vec!["--model", src.to_str().unwrap(), "--mlx-path", ours.to_str().unwrap()];
     args.extend_from_slice(flags);
     let out = ours_convert(&args);
@@ -107,6 +110,12 @@ fn nvfp4_equals_mlx_lm() {
 #[test]
 fn mxfp8_from_bf16_equals_mlx_lm() {
     case("qwen2-mxfp8", "qwen2-bf16", &["-q", "--q-mode", "mxfp8"]);
+}
+
+/// The experts' gathered matmul in a float mode, beside the router's own 8-bit affine entry.
+#[test]
+fn mxfp4_mixture_of_experts_equals_mlx_lm() {
+    case_from("qwen3moe-mxfp4", &common::moe_model("qwen3moe-f32"), &["-q", "--q-mode", "mxfp4"]);
 }
 
 #[test]
