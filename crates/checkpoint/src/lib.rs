@@ -115,6 +115,11 @@ impl Weights {
         self.tensors.borrow().get(name).map(Array::shape)
     }
 
+    /// The dtype of a tensor not taken yet.
+    pub fn dtype(&self, name: &str) -> Option<mlx::Dtype> {
+        self.tensors.borrow().get(name).map(Array::dtype)
+    }
+
     /// Takes a tensor out of the checkpoint (for `sanitize` rewrites such as stacking experts).
     pub fn remove(&mut self, name: &str) -> Option<Array> {
         self.tensors.get_mut().remove(name)
@@ -191,6 +196,11 @@ impl<'a> Vb<'a> {
     /// The shape of a tensor under this prefix that has not been taken yet.
     pub fn shape(&self, name: &str) -> Option<Vec<i32>> {
         self.w.shape(&self.path(name))
+    }
+
+    /// The dtype of a tensor under this prefix that has not been taken yet.
+    pub fn dtype(&self, name: &str) -> Option<mlx::Dtype> {
+        self.w.dtype(&self.path(name))
     }
 
     /// A tensor whose shape the caller checks itself.

@@ -62,10 +62,13 @@ fn same_generation(ours: &Path, theirs: &Path) {
 }
 
 fn case(name: &str, variant: &str, flags: &[&str]) {
+    case_from(name, &common::model(variant), flags);
+}
+
+fn case_from(name: &str, src: &Path, flags: &[&str]) {
     let dir = work(name);
-    let src = common::model(variant);
     let (ours, theirs) = (dir.join("ours"), dir.join("theirs"));
-    mlx_lm_convert(&src, &theirs, flags);
+    mlx_lm_convert(src, &theirs, flags);
     let mut args = vec!["--model", src.to_str().unwrap(), "--mlx-path", ours.to_str().unwrap()];
     args.extend_from_slice(flags);
     let out = ours_convert(&args);
@@ -92,6 +95,45 @@ fn dtype_conversion_equals_mlx_lm() {
 #[test]
 fn quantized_half_precision_equals_mlx_lm() {
     case("mistral-f16-q3g32", "mistral-f32", &["-q", "--dtype", "float16", "--q-bits", "3", "--q-group-size", "32"]);
+}
+
+#[test]
+fn mxfp4_equals_mlx_lm() {
+    case("llama3-mxfp4", "llama3-f32", &["-q", "--q-mode", "mxfp4"]);
+}
+
+#[test]
+fn nvfp4_equals_mlx_lm() {
+    case("qwen3-nvfp4", "qwen3-f32", &["-q", "--q-mode", "nvfp4"]);
+}
+
+#[test]
+fn mxfp8_from_bf16_equals_mlx_lm() {
+    case("qwen2-mxfp8", "qwen2-bf16", &["-q", "--q-mode", "mxfp8"]);
+}
+
+/// The experts' gathered matmul in a float mode, beside the router's own 8-bit affine entry.
+#[test]
+fn mxfp4_mixture_of_experts_equals_mlx_lm() {
+    case_from("qwen3moe-mxfp4", &common::moe_model("qwen3moe-f32"), &["-q", "--q-mode", "mxfp4"]);
+}
+
+#[test]
+fn mixed_recipe_equals_mlx_lm() {
+    case("mistral-mixed-2-6", "mistral-f32", &["-q", "--quant-predicate", "mixed_2_6", "--q-group-size", "32"]);
+}
+
+#[test]
+fn invalid_quantization_flags_are_one_line_errors() {
+    let dir = work("bad-flags");
+    let src = common::model("qwen2-f32");
+    let (src, dst) = (src.to_str().unwrap(), dir.join("out"));
+    let dst = dst.to_str().unwrap();
+    let run = |flags: &[&str]| ours_convert(&[&["--model", src, "--mlx-path", dst, "-q"][..], flags].concat());
+    one_error_line(&run(&["--q-mode", "mxfp4", "--q-bits", "8"]), "--q-mode mxfp4 quantizes with 4 bits and group size 32 only");
+    one_error_line(&run(&["--q-mode", "nvfp4", "--quant-predicate", "mixed_3_6"]), "affine mode only");
+    one_error_line(&run(&["--q-bits", "7"]), "cannot quantize with 7 bits");
+    assert!(!dir.join("out").exists());
 }
 
 fn one_error_line(out: &std::process::Output, needle: &str) {

@@ -145,7 +145,7 @@ fn default_import_keeps_q4_0_q4_1_q8_0_exact() {
         // Scales and biases are float32 (exact for GGUF's float16 ones, and fast on MLX's CPU).
         assert_eq!(scales.dtype(), Dtype::F32, "{hf}");
         let bits = t[*hf].dim(1) * 32 / shape[1];
-        let spec = QuantSpec { group_size: shape[1] / scales.dim(1), bits };
+        let spec = QuantSpec::affine(shape[1] / scales.dim(1), bits);
         let f32s = |a: &Array| a.astype(Dtype::F32).unwrap();
         let biases = f32s(&t[&format!("{layer}.biases")]);
         let got = mlx::ops::dequantize(&t[*hf], &f32s(scales), Some(&biases), spec).unwrap().to_vec::<f32>().unwrap();
@@ -156,7 +156,7 @@ fn default_import_keeps_q4_0_q4_1_q8_0_exact() {
             let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
             assert_eq!(bad, 0, "{hf} ({ty}): {bad} values differ after the lossless repack");
         } else {
-            assert_eq!(spec, QuantSpec { group_size: 64, bits: 4 }, "{hf}");
+            assert_eq!(spec, QuantSpec::affine(64, 4), "{hf}");
             let range = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(worst <= range / 7.0, "{hf} ({ty}): requantized off by {worst} (range {range})");

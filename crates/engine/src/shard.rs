@@ -82,12 +82,12 @@ mod tests {
     /// biases), each times its half of the input, sum to the whole layer's product.
     #[test]
     fn quantized_column_blocks_sum_to_the_whole_product() {
-        use mlx::ops::{quantize, quantized_matmul, QuantSpec};
+        use mlx::ops::{quantize_affine, quantized_matmul, QuantSpec};
         use mlx::Dtype;
-        let q = QuantSpec { group_size: 32, bits: 4 };
+        let q = QuantSpec::affine(32, 4);
         let w = mlx::random::uniform(&[8, 128], Dtype::F32).unwrap();
         let x = mlx::random::uniform(&[3, 128], Dtype::F32).unwrap();
-        let (qw, s, b) = quantize(&w, q).unwrap();
+        let (qw, s, b) = quantize_affine(&w, q).unwrap();
         let whole = quantized_matmul(&x, &qw, &s, Some(&b), true, q).unwrap().to_vec::<f32>().unwrap();
         let mut sum = vec![0f32; whole.len()];
         for r in 0..2 {

@@ -1,8 +1,10 @@
 //! `mlx-gen convert`: a Hugging Face float model folder (or a GGUF file) to an MLX model folder,
-//! tensor for tensor what `mlx_lm.convert` writes (sanitize, dtype cast, affine quantization).
+//! tensor for tensor what `mlx_lm.convert` writes (sanitize, dtype cast, quantization in any of
+//! MLX's modes, mixed-precision recipes).
 use crate::{FormatError, Result};
 use crate::gguf::{import_gguf, ImportOptions};
-use mlx::ops::QuantSpec;
+use crate::mixed_quant::{MixedPredicate, MixedRecipe};
+use mlx::ops::{QuantMode, QuantSpec};
 use mlx::{Array, Dtype};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -14,15 +16,58 @@ use std::path::{Path, PathBuf};
 pub struct ConvertOptions {
     /// `-q`: quantize every linear and embedding layer whose input size the group size divides.
     pub quantize: bool,
-    pub q_bits: i32,
-    pub q_group_size: i32,
+    /// `--q-bits`/`--q-group-size`; `None`: the mode's defaults (affine 64/4, mxfp4 32/4,
+    /// nvfp4 16/4, mxfp8 32/8).
+    pub q_bits: Option<i32>,
+    pub q_group_size: Option<i32>,
+    /// `--q-mode`.
+    pub q_mode: QuantMode,
+    /// `--quant-predicate`: a mixed-precision recipe (affine only) instead of the model's own
+    /// per-layer choices; every quantized layer is then recorded in config.json.
+    pub quant_predicate: Option<MixedRecipe>,
     /// `--dtype`; `None`: config.json's `torch_dtype` when it is one of the three float types.
     pub dtype: Option<Dtype>,
 }
 
 impl Default for ConvertOptions {
     fn default() -> Self {
-        ConvertOptions { quantize: false, q_bits: 4, q_group_size: 64, dtype: None }
+        ConvertOptions {
+            quantize: false,
+            q_bits: None,
+            q_group_size: None,
+            q_mode: QuantMode::Affine,
+            quant_predicate: None,
+            dtype: None,
+        }
+    }
+}
+
+impl ConvertOptions {
+    /// The conversion's quantization (the mode's defaults where not given), checked as MLX
+    /// and mlx-lm check it.
+    pub fn spec(&self) -> Result<QuantSpec> {
+        let d = self.q_mode.defaults();
+        let spec =
+            QuantSpec { group_size: self.q_group_size.unwrap_or(d.group_size), bits: self.q_bits.unwrap_or(d.bits), mode: self.q_mode };
+        if self.quant_predicate.is_some() && self.q_mode != QuantMode::Affine {
+            return Err(FormatError::Invalid(format!(
+                "--quant-predicate recipes quantize in the affine mode only, not --q-mode {}",
+                self.q_mode
+            )));
+        }
+        if !self.q_mode.supports(spec.group_size, spec.bits) {
+            return Err(FormatError::Invalid(match self.q_mode {
+                QuantMode::Affine => format!(
+                    "cannot quantize with {} bits, group size {} (bits 2, 3, 4, 5, 6 or 8; group size 32, 64 or 128)",
+                    spec.bits, spec.group_size
+                ),
+                m => format!(
+                    "--q-mode {m} quantizes with {} bits and group size {} only (got {} bits, group size {})",
+                    d.bits, d.group_size, spec.bits, spec.group_size
+                ),
+            }));
+        }
+        Ok(spec)
     }
 }
 
@@ -42,7 +87,7 @@ pub trait ModelRules {
 
     /// The architecture's own quantization for the layer at `path` (mlx-lm's per-model
     /// `quant_predicate`, e.g. qwen3_moe's 8-bit routers), recorded in config.json; `None`: the
-    /// conversion's bits and group size.
+    /// conversion's bits and group size. A `--quant-predicate` recipe replaces it, as in mlx-lm.
     fn quant_override(&self, model_type: &str, path: &str) -> Option<QuantSpec> {
         let _ = (model_type, path);
         None
@@ -114,7 +159,11 @@ pub fn write_atomically(dst: &Path, force: bool, build: impl FnOnce(&Path) -> Re
 /// requantized with `q_bits`/`q_group_size`, or everything float with `--dtype` and no `-q`.
 pub fn convert_gguf(gguf: &Path, out: &Path, opts: &ConvertOptions) -> Result<()> {
     let dtype = if opts.quantize { None } else { opts.dtype };
-    let import = ImportOptions { dtype, q_bits: opts.q_bits, q_group_size: opts.q_group_size };
+    let spec = opts.spec()?;
+    if spec.mode != QuantMode::Affine || opts.quant_predicate.is_some() {
+        return Err(FormatError::Invalid("a GGUF source is requantized in the affine mode only (no --q-mode, --quant-predicate)".into()));
+    }
+    let import = ImportOptions { dtype, q_bits: spec.bits, q_group_size: spec.group_size };
     import_gguf(gguf, out, &import)?;
     Ok(())
 }
@@ -198,12 +247,7 @@ pub fn convert_folder(
     rules: &dyn ModelRules,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<ConvertSummary> {
-    if opts.quantize && (![2, 3, 4, 5, 6, 8].contains(&opts.q_bits) || ![32, 64, 128].contains(&opts.q_group_size)) {
-        return Err(FormatError::Invalid(format!(
-            "cannot quantize with {} bits, group size {} (bits 2, 3, 4, 5, 6 or 8; group size 32, 64 or 128)",
-            opts.q_bits, opts.q_group_size
-        )));
-    }
+    let spec = opts.spec()?;
     let mut config = load_config(src)?;
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned();
     if opts.quantize && config.contains_key("quantization") {
@@ -213,7 +257,10 @@ pub fn convert_folder(
     rules.sanitize(&model_type, &config, &mut weights).map_err(FormatError::Invalid)?;
     rules.update_config(&model_type, &mut config);
     let dtype = target_dtype(opts, &config);
-    let spec = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
+    let recipe = opts
+        .quant_predicate
+        .map(|r| MixedPredicate::new(r, weights.keys().filter_map(|n| n.strip_suffix(".weight")), &config))
+        .transpose()?;
 
     fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let total = weights.len();
@@ -230,19 +277,31 @@ pub fn convert_folder(
         // the experts' SwitchLinear (3-D `.experts.`, llama4) and MLA's MultiLinear (3-D); the
         // model's quant_predicate may give a layer its own parameters, recorded in the config.
         let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2 || w.ndim() == 3);
-        let quantize = opts.quantize && w.dim(-1) % opts.q_group_size == 0;
+        let quantize = opts.quantize && w.dim(-1) % spec.group_size == 0;
         match layer.filter(|_| quantize) {
             Some(layer) => {
                 parameters += w.size();
-                let own = rules.quant_override(&model_type, layer);
-                if let Some(o) = own {
-                    overrides.insert(layer.to_owned(), serde_json::json!({"group_size": o.group_size, "bits": o.bits}));
-                }
+                let own = match &recipe {
+                    // mlx-lm records the recipe's group size as given (null when not).
+                    Some(r) => {
+                        let bits = r.bits(layer);
+                        overrides.insert(
+                            layer.to_owned(),
+                            serde_json::json!({"group_size": opts.q_group_size, "bits": bits, "mode": "affine"}),
+                        );
+                        Some(QuantSpec::affine(spec.group_size, bits))
+                    }
+                    None => rules.quant_override(&model_type, layer).inspect(|o| {
+                        overrides.insert(layer.to_owned(), serde_json::json!({"group_size": o.group_size, "bits": o.bits}));
+                    }),
+                };
                 let (q, s, b) = mlx::ops::quantize(&w, own.unwrap_or(spec))?;
-                mlx::eval(&[&q, &s, &b])?;
+                mlx::eval(&[&q, &s].into_iter().chain(b.as_ref()).collect::<Vec<_>>())?;
                 tensors.push((name.clone(), q));
                 tensors.push((format!("{layer}.scales"), s));
-                tensors.push((format!("{layer}.biases"), b));
+                if let Some(b) = b {
+                    tensors.push((format!("{layer}.biases"), b));
+                }
                 summary.quantized += 1;
             }
             None => {
@@ -259,9 +318,9 @@ pub fn convert_folder(
     drop(tensors);
     if opts.quantize {
         let mut q = Map::new();
-        q.insert("group_size".into(), opts.q_group_size.into());
-        q.insert("bits".into(), opts.q_bits.into());
-        q.insert("mode".into(), "affine".into());
+        q.insert("group_size".into(), spec.group_size.into());
+        q.insert("bits".into(), spec.bits.into());
+        q.insert("mode".into(), spec.mode.name().into());
         q.extend(overrides);
         config.insert("quantization".into(), Value::Object(q));
     }

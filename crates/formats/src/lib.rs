@@ -11,6 +11,7 @@ pub mod convert;
 pub mod default_model;
 pub mod gguf;
 pub mod hub;
+pub mod mixed_quant;
 
 use std::path::PathBuf;
 

@@ -338,11 +338,80 @@ pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
     full(shape, 0.0, dtype)
 }
 
-/// Affine quantization parameters of one layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// MLX's quantization modes: `affine` (scales and biases per group, any of 2-8 bits) and the
+/// microscaling float formats `mxfp4`, `nvfp4`, `mxfp8` (scales only, fixed group size and bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub enum QuantMode {
+    #[default]
+    Affine,
+    Mxfp4,
+    Nvfp4,
+    Mxfp8,
+}
+
+impl QuantMode {
+    pub const ALL: [QuantMode; 4] = [QuantMode::Affine, QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8];
+
+    /// The name MLX and config.json use.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMode::Affine => "affine",
+            QuantMode::Mxfp4 => "mxfp4",
+            QuantMode::Nvfp4 => "nvfp4",
+            QuantMode::Mxfp8 => "mxfp8",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<QuantMode> {
+        QuantMode::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// Whether the mode stores a bias per group besides the scale.
+    pub fn has_biases(self) -> bool {
+        self == QuantMode::Affine
+    }
+
+    /// The (group size, bits) a layer gets when none are given (mlx-lm's `defaults_for_mode`,
+    /// and `nn.QuantizedLinear`'s for a `None` group size).
+    pub fn defaults(self) -> QuantSpec {
+        let (group_size, bits) = match self {
+            QuantMode::Affine => (64, 4),
+            QuantMode::Mxfp4 => (32, 4),
+            QuantMode::Nvfp4 => (16, 4),
+            QuantMode::Mxfp8 => (32, 8),
+        };
+        QuantSpec { group_size, bits, mode: self }
+    }
+
+    /// Whether MLX quantizes with these parameters in this mode: affine takes bits 2, 3, 4, 5, 6
+    /// or 8 and group size 32, 64 or 128; the float modes only their own group size and bits.
+    pub fn supports(self, group_size: i32, bits: i32) -> bool {
+        match self {
+            QuantMode::Affine => [2, 3, 4, 5, 6, 8].contains(&bits) && [32, 64, 128].contains(&group_size),
+            _ => self.defaults() == QuantSpec { group_size, bits, mode: self },
+        }
+    }
+}
+
+impl std::fmt::Display for QuantMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Quantization parameters of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QuantSpec {
     pub group_size: i32,
     pub bits: i32,
+    pub mode: QuantMode,
+}
+
+impl QuantSpec {
+    /// Affine quantization with `group_size` and `bits`.
+    pub const fn affine(group_size: i32, bits: i32) -> QuantSpec {
+        QuantSpec { group_size, bits, mode: QuantMode::Affine }
+    }
 }
 
 /// `x @ dequantize(w).T` (or without the transpose) in one kernel, as `mx.quantized_matmul`.
@@ -365,25 +434,37 @@ pub fn quantized_matmul(
             transpose,
             q.group_size,
             q.bits,
-            "affine",
+            q.mode.name(),
         ),
     )
     .map(Array::from_handle)
 }
 
-/// Affine quantization along the last axis: (packed uint32 weight, scales, biases).
+/// Quantization along the last axis: (packed uint32 weight, scales, biases); the biases are
+/// there exactly when the mode has them.
 #[track_caller]
-pub fn quantize(w: &Array, q: QuantSpec) -> Result<(Array, Array, Array)> {
-    let (w, s, b) = ctx("quantize", sys::quantize(w.handle(), q.group_size, q.bits, "affine"))?;
-    let b = b.ok_or_else(|| Error::new("quantize", "affine quantization returned no biases"))?;
-    Ok((Array::from_handle(w), Array::from_handle(s), Array::from_handle(b)))
+pub fn quantize(w: &Array, q: QuantSpec) -> Result<(Array, Array, Option<Array>)> {
+    let (w, s, b) = ctx("quantize", sys::quantize(w.handle(), q.group_size, q.bits, q.mode.name()))?;
+    if b.is_some() != q.mode.has_biases() {
+        return Err(Error::new("quantize", format!("{} quantization returned the wrong number of arrays", q.mode)));
+    }
+    Ok((Array::from_handle(w), Array::from_handle(s), b.map(Array::from_handle)))
+}
+
+/// [`quantize`] in a mode with biases (affine): (packed weight, scales, biases).
+#[track_caller]
+pub fn quantize_affine(w: &Array, q: QuantSpec) -> Result<(Array, Array, Array)> {
+    match quantize(w, q)? {
+        (w, s, Some(b)) => Ok((w, s, b)),
+        _ => Err(Error::new("quantize", format!("{} quantization has no biases", q.mode))),
+    }
 }
 
 #[track_caller]
 pub fn dequantize(w: &Array, scales: &Array, biases: Option<&Array>, q: QuantSpec) -> Result<Array> {
     ctx(
         "dequantize",
-        sys::dequantize(w.handle(), scales.handle(), biases.map(Array::handle), q.group_size, q.bits, "affine", -1),
+        sys::dequantize(w.handle(), scales.handle(), biases.map(Array::handle), q.group_size, q.bits, q.mode.name(), -1),
     )
     .map(Array::from_handle)
 }
@@ -405,7 +486,7 @@ pub fn gather_mm(
     .map(Array::from_handle)
 }
 
-/// `mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose, group_size, bits, mode="affine",
+/// `mx.gather_qmm(x, w, scales, biases, rhs_indices=..., transpose, group_size, bits, mode,
 /// sorted_indices)`: the quantized `gather_mm` (mlx-lm's `QuantizedSwitchLinear`), reading only
 /// the chosen experts' weights.
 #[track_caller]
@@ -432,7 +513,7 @@ pub fn gather_qmm(
             transpose,
             q.group_size,
             q.bits,
-            "affine",
+            q.mode.name(),
             sorted_indices,
         ),
     )

@@ -51,8 +51,8 @@ fn rms_norm_matches_the_formula() {
 #[test]
 fn quantize_round_trip() {
     let w = ops::arange(0.0, 128.0, 1.0, Dtype::F32).unwrap().reshape(&[2, 64]).unwrap();
-    let q = ops::QuantSpec { group_size: 64, bits: 8 };
-    let (qw, s, b) = ops::quantize(&w, q).unwrap();
+    let q = ops::QuantSpec::affine(64, 8);
+    let (qw, s, b) = ops::quantize_affine(&w, q).unwrap();
     assert_eq!(qw.dtype(), Dtype::U32);
     assert_eq!(qw.shape(), vec![2, 16]);
     let back = ops::dequantize(&qw, &s, Some(&b), q).unwrap().to_vec::<f32>().unwrap();

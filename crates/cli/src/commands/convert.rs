@@ -1,8 +1,11 @@
 //! `mlx-gen convert`: a Hugging Face float model (folder or repo id) or a GGUF file to an MLX model
-//! folder, as `mlx_lm.convert` does it (`-q`, `--q-bits`, `--q-group-size`, `--dtype`).
+//! folder, as `mlx_lm.convert` does it (`-q`, `--q-bits`, `--q-group-size`, `--q-mode`,
+//! `--quant-predicate`, `--dtype`).
 use anyhow::{bail, Context, Result};
 use formats::convert::{convert_folder, convert_gguf, write_atomically, ConvertOptions, ModelRules};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use formats::mixed_quant::MixedRecipe;
+use mlx::ops::QuantMode;
 use mlx::Dtype;
 use std::path::{Path, PathBuf};
 
@@ -14,15 +17,21 @@ pub struct Args {
     /// The MLX model folder to write (must not exist, unless --force).
     #[arg(long, default_value = "mlx_model")]
     mlx_path: PathBuf,
-    /// Quantize the weights (affine). `-q` after `convert` means this, as in mlx_lm.convert (see [`argv`]).
+    /// Quantize the weights. `-q` after `convert` means this, as in mlx_lm.convert (see [`argv`]).
     #[arg(long)]
     quantize: bool,
-    /// Bits per weight when quantizing.
-    #[arg(long, default_value_t = 4)]
-    q_bits: i32,
-    /// Group size when quantizing.
-    #[arg(long, default_value_t = 64)]
-    q_group_size: i32,
+    /// Bits per weight when quantizing (default: 4, or 8 for mxfp8).
+    #[arg(long)]
+    q_bits: Option<i32>,
+    /// Group size when quantizing (default: 64 affine, 32 mxfp4/mxfp8, 16 nvfp4).
+    #[arg(long)]
+    q_group_size: Option<i32>,
+    /// The quantization mode: affine (scales and biases), or the microscaling float formats.
+    #[arg(long, default_value = "affine", value_parser = ["affine", "mxfp4", "nvfp4", "mxfp8"])]
+    q_mode: String,
+    /// A mixed-precision recipe (affine): more bits for the v/down projections of some layers and the head.
+    #[arg(long, value_parser = ["mixed_2_6", "mixed_3_4", "mixed_3_6", "mixed_4_6"])]
+    quant_predicate: Option<String>,
     /// Type of the float parameters (default: config.json's torch_dtype).
     #[arg(long, value_parser = ["float16", "bfloat16", "float32"])]
     dtype: Option<String>,
@@ -58,6 +67,8 @@ pub fn run(args: Args) -> Result<()> {
         quantize: args.quantize,
         q_bits: args.q_bits,
         q_group_size: args.q_group_size,
+        q_mode: QuantMode::parse(&args.q_mode).unwrap_or_default(),
+        quant_predicate: args.quant_predicate.as_deref().and_then(MixedRecipe::parse),
         dtype: args.dtype.as_deref().and_then(Dtype::parse_float),
     };
     let dst = &args.mlx_path;

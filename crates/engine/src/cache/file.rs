@@ -141,7 +141,7 @@ pub fn load_prompt_cache(path: &Path) -> Result<PromptCacheFile> {
                 r.int(&p(4))?,
             )?),
             "QuantizedKVCache" => {
-                let spec = QuantSpec { group_size: r.int(&p(3))?, bits: r.int(&p(4))? };
+                let spec = QuantSpec::affine(r.int(&p(3))?, r.int(&p(4))?);
                 Box::new(QuantizedCache::from_state(r.triple(&p(0))?, r.triple(&p(1))?, r.int(&p(2))?, spec)?)
             }
             other => return Err(Reader::bad(&format!("cache class {other} is not supported"))),

@@ -122,7 +122,7 @@ pub fn maybe_quantize_kv_cache(cache: &mut [Box<dyn KvCache>], q: Option<&KvQuan
     let Some(q) = q else { return Ok(()) };
     for c in cache.iter_mut() {
         if c.offset() as usize >= q.start {
-            if let Some(new) = c.to_quantized(QuantSpec { group_size: q.group_size, bits: q.bits })? {
+            if let Some(new) = c.to_quantized(QuantSpec::affine(q.group_size, q.bits))? {
                 *c = new;
             }
         }

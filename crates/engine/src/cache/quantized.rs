@@ -16,7 +16,7 @@ pub struct QuantizedCache {
 }
 
 fn quantize(x: &Array, spec: QuantSpec) -> Result<QuantTriple> {
-    let (w, s, b) = ops::quantize(x, spec)?;
+    let (w, s, b) = ops::quantize_affine(x, spec)?;
     Ok([w, s, b])
 }
 

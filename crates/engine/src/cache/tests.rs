@@ -8,7 +8,7 @@ fn kv(n: i32) -> Array {
 
 #[test]
 fn growing_quantized_and_paged_caches_trim() {
-    let spec = QuantSpec { group_size: 32, bits: 8 };
+    let spec = QuantSpec::affine(32, 8);
     let pool = PagedPool::new(1, 4, 1 << 20);
     let mut caches: Vec<Box<dyn KvCache>> =
         vec![Box::new(GrowingCache::new()), Box::new(QuantizedCache::new(spec)), pool.new_sequence(&[]).0.remove(0)];

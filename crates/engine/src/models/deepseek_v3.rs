@@ -153,7 +153,7 @@ pub(super) fn split_kv_b(weights: &mut Weights, prefix: &str, c: &MlaSpec) -> Re
         let scales = weights.remove(&format!("{prefix}.kv_b_proj.scales")).ok_or_else(|| missing("scales"))?;
         let biases = weights.remove(&format!("{prefix}.kv_b_proj.biases")).ok_or_else(|| missing("biases"))?;
         let dims = c.kv_lora_rank;
-        let q = QuantSpec { bits: v.dim(-1) * 32 / dims, group_size: dims / scales.dim(-1).max(1) };
+        let q = QuantSpec::affine(dims / scales.dim(-1).max(1), v.dim(-1) * 32 / dims);
         v = ops::dequantize(&v, &scales, Some(&biases), q)?;
         spec = Some(q);
     }
@@ -164,7 +164,7 @@ pub(super) fn split_kv_b(weights: &mut Weights, prefix: &str, c: &MlaSpec) -> Re
     for (name, w) in [("embed_q", wk), ("unembed_out", wv)] {
         match spec {
             Some(q) => {
-                let (w, s, b) = ops::quantize(&w, q)?;
+                let (w, s, b) = ops::quantize_affine(&w, q)?;
                 weights.insert(format!("{prefix}.{name}.weight"), w);
                 weights.insert(format!("{prefix}.{name}.scales"), s);
                 weights.insert(format!("{prefix}.{name}.biases"), b);

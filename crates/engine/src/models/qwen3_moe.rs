@@ -67,7 +67,7 @@ pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()>
 /// The model's `quant_predicate` for `mlx_lm.convert -q`: each router (`mlp.gate`) in 8 bits,
 /// group 64; every other layer as asked.
 pub fn quant_override(path: &str) -> Option<QuantSpec> {
-    path.ends_with("mlp.gate").then_some(QuantSpec { group_size: 64, bits: 8 })
+    path.ends_with("mlp.gate").then_some(QuantSpec::affine(64, 8))
 }
 
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {

@@ -24,7 +24,7 @@ impl Embedding {
     pub fn arrays(&self) -> Vec<&Array> {
         match &self.0 {
             Kind::Float(w) => vec![w],
-            Kind::Quant(q) => q.arrays().to_vec(),
+            Kind::Quant(q) => q.arrays(),
         }
     }
 
@@ -35,7 +35,7 @@ impl Embedding {
             Kind::Quant(q) => ops::dequantize(
                 &q.weight.take(ids, 0)?,
                 &q.scales.take(ids, 0)?,
-                Some(&q.biases.take(ids, 0)?),
+                q.biases.as_ref().map(|b| b.take(ids, 0)).transpose()?.as_ref(),
                 q.spec,
             )?,
         })

@@ -59,12 +59,7 @@ impl Linear {
                 if qs.len() != parts.len() {
                     return Ok(None);
                 }
-                Kind::Quant(Quantized {
-                    weight: cat(qs.iter().map(|q| &q.weight).collect())?,
-                    scales: cat(qs.iter().map(|q| &q.scales).collect())?,
-                    biases: cat(qs.iter().map(|q| &q.biases).collect())?,
-                    spec: first.spec,
-                })
+                Kind::Quant(Quantized::concat(&qs, first.spec)?)
             }
             _ => return Ok(None),
         };
@@ -107,12 +102,7 @@ impl Linear {
         };
         let kind = match &self.kind {
             Kind::Float(w) => Kind::Float(part(w)?),
-            Kind::Quant(q) => Kind::Quant(Quantized {
-                weight: part(&q.weight)?,
-                scales: part(&q.scales)?,
-                biases: part(&q.biases)?,
-                spec: q.spec,
-            }),
+            Kind::Quant(q) => Kind::Quant(q.map(part)?),
         };
         let (bias, reduce) = match mode {
             ShardMode::AllToSharded => (self.bias.as_ref().map(|b| shard::rows(b, segments, rank, size)).transpose()?, None),

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::shard::ShardMode;
 use checkpoint::Vb;
 use mlx::distributed::Group;
-use mlx::{ops, Array};
+use mlx::Array;
 
 /// The attention shape, as DeepSeek configs give it.
 #[derive(Clone, Debug)]
@@ -155,15 +155,7 @@ pub struct MultiLinear(MultiKind);
 impl MultiLinear {
     pub fn load(vb: &Vb<'_>, in_dims: i32, out_dims: i32, heads: i32, q: &QuantConfig) -> Result<MultiLinear> {
         Ok(MultiLinear(match q.layer(vb, in_dims)? {
-            Some(spec) => {
-                let groups = in_dims / spec.group_size;
-                MultiKind::Quant(Quantized {
-                    weight: vb.get("weight", &[heads, out_dims, in_dims * spec.bits / 32])?,
-                    scales: vb.get("scales", &[heads, out_dims, groups])?,
-                    biases: vb.get("biases", &[heads, out_dims, groups])?,
-                    spec,
-                })
-            }
+            Some(spec) => MultiKind::Quant(Quantized::load_stacked(vb, &[heads], out_dims, in_dims, spec)?),
             None => MultiKind::Float(vb.get("weight", &[heads, out_dims, in_dims])?),
         }))
     }
@@ -171,7 +163,7 @@ impl MultiLinear {
     pub fn arrays(&self) -> Vec<&Array> {
         match &self.0 {
             MultiKind::Float(w) => vec![w],
-            MultiKind::Quant(q) => q.arrays().to_vec(),
+            MultiKind::Quant(q) => q.arrays(),
         }
     }
 
@@ -180,12 +172,7 @@ impl MultiLinear {
         let part = |a: &Array| crate::shard::block(a, 0, group.rank(), group.size());
         Ok(MultiLinear(match &self.0 {
             MultiKind::Float(w) => MultiKind::Float(part(w)?),
-            MultiKind::Quant(q) => MultiKind::Quant(Quantized {
-                weight: part(&q.weight)?,
-                scales: part(&q.scales)?,
-                biases: part(&q.biases)?,
-                spec: q.spec,
-            }),
+            MultiKind::Quant(q) => MultiKind::Quant(q.map(part)?),
         }))
     }
 
@@ -194,9 +181,7 @@ impl MultiLinear {
         Ok(match (&self.0, transpose) {
             (MultiKind::Float(w), true) => x.matmul(&w.swapaxes(-1, -2)?)?,
             (MultiKind::Float(w), false) => x.matmul(w)?,
-            (MultiKind::Quant(q), t) => {
-                ops::quantized_matmul(x, &q.weight, &q.scales, Some(&q.biases), t, q.spec)?
-            }
+            (MultiKind::Quant(q), t) => q.matmul(x, t)?,
         })
     }
 }

@@ -1,12 +1,12 @@
 //! Mixture-of-experts layers as mlx-lm's `switch_layers.py`: experts stacked into one tensor and run
 //! through MLX's gathered (quantized) matmul, so only the chosen experts' weights are read.
-use super::quant::QuantConfig;
+use super::quant::{QuantConfig, Quantized};
 use super::Linear;
 use crate::error::{EngineError, Result};
 use crate::shard::{self, ShardMode};
 use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
-use mlx::ops::{self, QuantSpec};
+use mlx::ops;
 use mlx::runtime::Device;
 use mlx::{Array, Dtype};
 
@@ -42,7 +42,7 @@ pub fn stack_experts_as(weights: &mut Weights, prefix: &str, n_experts: i32, nam
 #[derive(Clone)]
 enum SwitchKind {
     Float(Array), // (experts, out, in)
-    Quant { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+    Quant(Quantized),
 }
 
 /// `SwitchLinear` / `QuantizedSwitchLinear` without bias: one (out, in) matrix per expert.
@@ -52,15 +52,7 @@ pub struct SwitchLinear(SwitchKind);
 impl SwitchLinear {
     pub fn load(vb: &Vb<'_>, in_dims: i32, out_dims: i32, experts: i32, q: &QuantConfig) -> Result<SwitchLinear> {
         Ok(SwitchLinear(match q.layer(vb, in_dims)? {
-            Some(spec) => {
-                let groups = in_dims / spec.group_size;
-                SwitchKind::Quant {
-                    weight: vb.get("weight", &[experts, out_dims, in_dims * spec.bits / 32])?,
-                    scales: vb.get("scales", &[experts, out_dims, groups])?,
-                    biases: vb.get("biases", &[experts, out_dims, groups])?,
-                    spec,
-                }
-            }
+            Some(spec) => SwitchKind::Quant(Quantized::load_stacked(vb, &[experts], out_dims, in_dims, spec)?),
             None => SwitchKind::Float(vb.get("weight", &[experts, out_dims, in_dims])?),
         }))
     }
@@ -68,7 +60,7 @@ impl SwitchLinear {
     pub fn arrays(&self) -> Vec<&Array> {
         match &self.0 {
             SwitchKind::Float(w) => vec![w],
-            SwitchKind::Quant { weight, scales, biases, .. } => vec![weight, scales, biases],
+            SwitchKind::Quant(q) => q.arrays(),
         }
     }
 
@@ -79,9 +71,7 @@ impl SwitchLinear {
         let part = |a: &Array| shard::block(a, axis, group.rank(), group.size());
         Ok(SwitchLinear(match &self.0 {
             SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
-            SwitchKind::Quant { weight, scales, biases, spec } => {
-                SwitchKind::Quant { weight: part(weight)?, scales: part(scales)?, biases: part(biases)?, spec: *spec }
-            }
+            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
         }))
     }
 
@@ -101,8 +91,8 @@ impl SwitchLinear {
                 }
                 y
             }
-            SwitchKind::Quant { weight, scales, biases, spec } => {
-                ops::gather_qmm(x, weight, scales, Some(biases), Some(indices), true, *spec, sorted)?
+            SwitchKind::Quant(q) => {
+                ops::gather_qmm(x, &q.weight, &q.scales, q.biases.as_ref(), Some(indices), true, q.spec, sorted)?
             }
         })
     }

@@ -3,8 +3,39 @@
 //! unless the layer's path is named in the entry).
 use crate::error::{EngineError, Result};
 use checkpoint::Vb;
-use mlx::ops::QuantSpec;
+use mlx::ops::{QuantMode, QuantSpec};
 use std::collections::HashMap;
+
+/// One entry of the `quantization` object: its `mode` (default affine) and `group_size`/`bits`,
+/// which the top level (`nn.quantize`'s arguments) must give and a layer's own entry
+/// (`to_quantized`'s keyword arguments) may leave out or null for the mode's defaults.
+fn spec(v: &serde_json::Value, what: &str, top: bool) -> Result<QuantSpec> {
+    let mode = match v.get("mode") {
+        None | Some(serde_json::Value::Null) => QuantMode::Affine,
+        Some(m) => m.as_str().and_then(QuantMode::parse).ok_or_else(|| {
+            EngineError::Config(format!("quantization entry {what}: mode {m} is not one of affine, mxfp4, nvfp4, mxfp8"))
+        })?,
+    };
+    let num = |k: &str| -> Result<Option<i32>> {
+        match v.get(k) {
+            None | Some(serde_json::Value::Null) if !top => Ok(None),
+            None => Err(EngineError::Config(format!("quantization entry {what} needs group_size and bits"))),
+            Some(x) => x
+                .as_i64()
+                .and_then(|x| i32::try_from(x).ok())
+                .map(Some)
+                .ok_or_else(|| EngineError::Config(format!("quantization entry {what}: {k} is not an integer"))),
+        }
+    };
+    let d = mode.defaults();
+    let (group_size, bits) = (num("group_size")?.unwrap_or(d.group_size), num("bits")?.unwrap_or(d.bits));
+    if group_size <= 0 || bits <= 0 || mode != QuantMode::Affine && !mode.supports(group_size, bits) {
+        return Err(EngineError::Config(format!(
+            "quantization entry {what}: {mode} quantization with {bits} bits and group size {group_size} is not supported"
+        )));
+    }
+    Ok(QuantSpec { group_size, bits, mode })
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct QuantConfig {
@@ -25,23 +56,12 @@ impl QuantConfig {
             (None, None) => return Ok(QuantConfig::default()),
         };
         let obj = q.as_object().ok_or_else(|| EngineError::Config("`quantization` is not an object".into()))?;
-        if let Some(mode) = obj.get("mode").and_then(|m| m.as_str()) {
-            if mode != "affine" {
-                return Err(EngineError::Config(format!("quantization mode {mode:?} is not supported (only affine)")));
-            }
-        }
-        let spec = |v: &serde_json::Value, what: &str| -> Result<QuantSpec> {
-            let num = |k: &str| v.get(k).and_then(|x| x.as_i64()).map(|x| x as i32);
-            match (num("group_size"), num("bits")) {
-                (Some(group_size), Some(bits)) => Ok(QuantSpec { group_size, bits }),
-                _ => Err(EngineError::Config(format!("quantization entry {what} needs group_size and bits"))),
-            }
-        };
+        let default = spec(q, "(top level)", true)?;
         let mut overrides = HashMap::new();
         for (k, v) in obj {
             match v {
                 serde_json::Value::Object(_) => {
-                    overrides.insert(k.clone(), Some(spec(v, k)?));
+                    overrides.insert(k.clone(), Some(spec(v, k, false)?));
                 }
                 serde_json::Value::Bool(false) => {
                     overrides.insert(k.clone(), None);
@@ -49,7 +69,7 @@ impl QuantConfig {
                 _ => {}
             }
         }
-        Ok(QuantConfig { default: Some(spec(q, "(top level)")?), overrides })
+        Ok(QuantConfig { default: Some(default), overrides })
     }
 
     /// mlx-lm's "legacy" `quantization_config` branch for the methods it maps to MLX affine
@@ -70,7 +90,7 @@ impl QuantConfig {
             }
             "compressed-tensors" => match hf.get("format").and_then(|f| f.as_str()) {
                 Some("pack-quantized") => {
-                    Ok(QuantConfig { default: Some(QuantSpec { group_size: 32, bits: 4 }), overrides: HashMap::new() })
+                    Ok(QuantConfig { default: Some(QuantSpec::affine(32, 4)), overrides: HashMap::new() })
                 }
                 Some(f @ ("nvfp4-pack-quantized" | "mxfp4-pack-quantized")) => unsupported(format!("compressed-tensors format {f:?}")),
                 f => Err(EngineError::Config(format!(
@@ -94,7 +114,8 @@ impl QuantConfig {
                 .ok_or_else(|| EngineError::Config(format!("{path} is marked unquantized but has scales")))
                 .map(Some);
         }
-        // As mlx-lm's infer_quant_config: from the packed weight and scales shapes.
+        // As mlx-lm's infer_quant_config: from the packed weight and scales shapes, and the mode
+        // from the scales' dtype (uint8 for the float modes, each with its one group size and bits).
         let (Some(w), Some(s)) = (vb.shape("weight"), vb.shape("scales")) else {
             return Err(EngineError::missing_tensor(vb.path("weight")));
         };
@@ -103,41 +124,84 @@ impl QuantConfig {
         if groups <= 0 || in_dims % groups != 0 || (packed * 32) % in_dims != 0 {
             return Err(EngineError::shape(vb.path("scales"), s, vec![-1, -1]));
         }
-        let spec = QuantSpec { group_size: in_dims / groups, bits: packed * 32 / in_dims };
-        if ![2, 3, 4, 5, 6, 8].contains(&spec.bits) {
-            return Err(EngineError::Config(format!("{path}: {} bits is not a supported quantization", spec.bits)));
-        }
-        Ok(Some(spec))
+        let (group_size, bits) = (in_dims / groups, packed * 32 / in_dims);
+        let mode = if vb.dtype("scales") == Some(mlx::Dtype::U8) {
+            [QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8].into_iter().find(|m| m.supports(group_size, bits))
+        } else {
+            Some(QuantMode::Affine).filter(|_| [2, 3, 4, 5, 6, 8].contains(&bits))
+        };
+        let mode = mode.ok_or_else(|| {
+            EngineError::Config(format!("{path}: cannot infer the quantization mode of {bits} bits with group size {group_size}"))
+        })?;
+        Ok(Some(QuantSpec { group_size, bits, mode }))
     }
 }
 
-/// The packed weight, scales and biases of a quantized layer, shape-checked.
+/// The packed weight, scales and (affine mode only) biases of a quantized layer, shape-checked;
+/// leading axes (experts, heads) before the (out, in) matrix are allowed.
 #[derive(Clone)]
 pub(crate) struct Quantized {
-    pub weight: mlx::Array, // (out, in * bits / 32) uint32
-    pub scales: mlx::Array, // (out, in / group_size)
-    pub biases: mlx::Array, // (out, in / group_size)
+    pub weight: mlx::Array,         // (..., out, in * bits / 32) uint32
+    pub scales: mlx::Array,         // (..., out, in / group_size)
+    pub biases: Option<mlx::Array>, // (..., out, in / group_size), affine only
     pub spec: QuantSpec,
 }
 
 impl Quantized {
     pub fn load(vb: &Vb<'_>, out_dims: i32, in_dims: i32, spec: QuantSpec) -> Result<Quantized> {
-        let groups = in_dims / spec.group_size;
+        Self::load_stacked(vb, &[], out_dims, in_dims, spec)
+    }
+
+    /// A layer of `lead`-shaped stacked (out, in) matrices: exactly `weight`, `scales` and, in
+    /// the affine mode, `biases`.
+    pub fn load_stacked(vb: &Vb<'_>, lead: &[i32], out_dims: i32, in_dims: i32, spec: QuantSpec) -> Result<Quantized> {
+        let shape = |last: i32| [lead, &[out_dims, last]].concat();
+        let groups = shape(in_dims / spec.group_size);
         Ok(Quantized {
-            weight: vb.get("weight", &[out_dims, in_dims * spec.bits / 32])?,
-            scales: vb.get("scales", &[out_dims, groups])?,
-            biases: vb.get("biases", &[out_dims, groups])?,
+            weight: vb.get("weight", &shape(in_dims * spec.bits / 32))?,
+            scales: vb.get("scales", &groups)?,
+            biases: if spec.mode.has_biases() { Some(vb.get("biases", &groups)?) } else { None },
             spec,
         })
     }
 
-    pub fn arrays(&self) -> [&mlx::Array; 3] {
-        [&self.weight, &self.scales, &self.biases]
+    pub fn arrays(&self) -> Vec<&mlx::Array> {
+        [&self.weight, &self.scales].into_iter().chain(self.biases.as_ref()).collect()
+    }
+
+    /// The same layer with `f` applied to each of its arrays (a shard, a slice).
+    pub fn map(&self, f: impl Fn(&mlx::Array) -> Result<mlx::Array>) -> Result<Quantized> {
+        Ok(Quantized {
+            weight: f(&self.weight)?,
+            scales: f(&self.scales)?,
+            biases: self.biases.as_ref().map(&f).transpose()?,
+            spec: self.spec,
+        })
+    }
+
+    /// The layers `parts` (all with this spec) side by side along the output axis.
+    pub fn concat(parts: &[&Quantized], spec: QuantSpec) -> Result<Quantized> {
+        let cat = |pick: fn(&Quantized) -> Option<&mlx::Array>| -> Result<Option<mlx::Array>> {
+            let arrays: Option<Vec<&mlx::Array>> = parts.iter().map(|q| pick(q)).collect();
+            Ok(arrays.map(|a| mlx::ops::concatenate(&a, -2)).transpose()?)
+        };
+        let missing = || EngineError::Invalid("fusing quantized layers without their arrays".into());
+        Ok(Quantized {
+            weight: cat(|q| Some(&q.weight))?.ok_or_else(missing)?,
+            scales: cat(|q| Some(&q.scales))?.ok_or_else(missing)?,
+            biases: cat(|q| q.biases.as_ref())?,
+            spec,
+        })
+    }
+
+    /// `x @ Wᵀ` (`transpose`) or `x @ W` for the packed W.
+    pub fn matmul(&self, x: &mlx::Array, transpose: bool) -> Result<mlx::Array> {
+        Ok(mlx::ops::quantized_matmul(x, &self.weight, &self.scales, self.biases.as_ref(), transpose, self.spec)?)
     }
 
     /// x @ Wᵀ for the packed W.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
-        Ok(mlx::ops::quantized_matmul(x, &self.weight, &self.scales, Some(&self.biases), true, self.spec)?)
+        self.matmul(x, true)
     }
 }
 
@@ -157,12 +221,21 @@ mod tests {
         let mx = hf(json!({"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [32, 32]}));
         assert!(mx.unwrap_err().to_string().contains("mxfp8"));
         let int4 = hf(json!({"quant_method": "compressed-tensors", "format": "pack-quantized"})).unwrap();
-        assert_eq!(int4.default, Some(QuantSpec { group_size: 32, bits: 4 }));
+        assert_eq!(int4.default, Some(QuantSpec::affine(32, 4)));
         let f8 = hf(json!({"quant_method": "compressed-tensors", "format": "float-quantized"}));
         assert!(f8.unwrap_err().to_string().contains("float-quantized"));
         assert!(hf(json!({"quant_method": "awq", "bits": 4})).is_err());
+        let mx = QuantConfig::from_config(&json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}})).unwrap();
+        assert_eq!(mx.default, Some(QuantMode::Mxfp4.defaults()));
+        let bad = QuantConfig::from_config(&json!({"quantization": {"group_size": 64, "bits": 4, "mode": "nvfp4"}}));
+        assert!(bad.unwrap_err().to_string().contains("not supported"));
+        // mlx_lm.convert --quant-predicate writes a null group size per layer: the mode's default.
+        let mixed = json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+            "lm_head": {"group_size": null, "bits": 6, "mode": "affine"}}});
+        let mixed = QuantConfig::from_config(&mixed).unwrap();
+        assert_eq!(mixed.overrides["lm_head"], Some(QuantSpec::affine(64, 6)));
         // MLX's own entry, with no quant_method, still reads as before.
         let mlx = hf(json!({"group_size": 64, "bits": 4})).unwrap();
-        assert_eq!(mlx.default, Some(QuantSpec { group_size: 64, bits: 4 }));
+        assert_eq!(mlx.default, Some(QuantSpec::affine(64, 4)));
     }
 }

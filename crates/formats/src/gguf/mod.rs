@@ -142,9 +142,9 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
 
     // float32 keeps GGUF's f16 scales and f32 norms exactly, and is what MLX's CPU backend runs fast.
     let float_dtype = opts.dtype.unwrap_or(Dtype::F32);
-    let requant = QuantSpec { group_size: opts.q_group_size, bits: opts.q_bits };
+    let requant = QuantSpec::affine(opts.q_group_size, opts.q_bits);
     // mlx-lm's qwen3_moe quant_predicate keeps each router at 8 bits, group 64.
-    let router = QuantSpec { group_size: 64, bits: 8 };
+    let router = QuantSpec::affine(64, 8);
     let mut out: Vec<(String, Array)> = Vec::new();
     let mut specs: BTreeMap<String, QuantSpec> = BTreeMap::new();
     let mut summary = ImportSummary { architecture: arch.name.clone(), ..Default::default() };
@@ -188,7 +188,7 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
             out.push((hf.clone(), Array::from_slice(&w, &with_last(wcols))?));
             out.push((format!("{layer}.scales"), f16_array(&s, &with_last(groups))?.astype(float_dtype)?));
             out.push((format!("{layer}.biases"), f16_array(&b, &with_last(groups))?.astype(float_dtype)?));
-            specs.insert(layer.clone(), QuantSpec { group_size: 32, bits: p.bits });
+            specs.insert(layer.clone(), QuantSpec::affine(32, p.bits));
             summary.lossless += 1;
             summary.tensors += 1;
             continue;
@@ -206,7 +206,7 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
         let spec = if hf.ends_with(".mlp.gate.weight") { router } else { requant };
         let quantize = opts.dtype.is_none() && matrix && layer.is_some() && cols % spec.group_size as usize == 0;
         if let (true, Some(layer)) = (quantize, &layer) {
-            let (w, s, b) = mlx::ops::quantize(&a, spec)?;
+            let (w, s, b) = mlx::ops::quantize_affine(&a, spec)?;
             mlx::eval(&[&w, &s, &b])?;
             out.push((hf.clone(), w));
             out.push((format!("{layer}.scales"), s));
