@@ -7,7 +7,6 @@ use super::{create_attention_mask, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
 use mlx::{ops, Array, Dtype};
 
-const STEP: i32 = 256;
 
 #[derive(Default)]
 pub struct BatchCache {
@@ -142,31 +141,9 @@ impl KvCache for BatchCache {
         if keys.dim(0) as usize != self.rows() {
             return Err(EngineError::Invalid(format!("{} rows of keys for a batch of {}", keys.dim(0), self.rows())));
         }
-        let prev = self.idx;
-        let n = keys.dim(2);
-        let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(k), Some(v)) if prev + n <= k.dim(2) => (k, v),
-            (old_k, old_v) => {
-                let (b, heads, k_dim, v_dim) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
-                let steps = (STEP + n - 1) / STEP;
-                let new_k = ops::zeros(&[b, heads, steps * STEP, k_dim], keys.dtype())?;
-                let new_v = ops::zeros(&[b, heads, steps * STEP, v_dim], values.dtype())?;
-                match (old_k, old_v) {
-                    (Some(k), Some(v)) => (
-                        ops::concatenate(&[&k.slice_axis(2, 0, prev)?, &new_k], 2)?,
-                        ops::concatenate(&[&v.slice_axis(2, 0, prev)?, &new_v], 2)?,
-                    ),
-                    _ => (new_k, new_v),
-                }
-            }
-        };
-        self.idx += n;
-        let start = [0, 0, prev, 0];
-        let k = k.slice_update(keys, &start, &[k.dim(0), k.dim(1), self.idx, k.dim(3)])?;
-        let v = v.slice_update(values, &start, &[v.dim(0), v.dim(1), self.idx, v.dim(3)])?;
+        let (k, v) = super::growing::write_in_steps(&mut self.keys, &mut self.values, self.idx, keys, values)?;
+        self.idx += keys.dim(2);
         let out = (k.slice_axis(2, 0, self.idx)?, v.slice_axis(2, 0, self.idx)?);
-        self.keys = Some(k);
-        self.values = Some(v);
         self.refresh_offsets()?;
         Ok(out)
     }

@@ -5,8 +5,6 @@ use super::{CacheMask, KvCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::{ops, Array, Dtype};
 
-const STEP: i32 = 256;
-
 pub struct ChunkedCache {
     keys: Option<Array>,   // (B, kv_heads, capacity, k_dim), position `start_position` first
     values: Option<Array>, // (B, kv_heads, capacity, v_dim)
@@ -64,36 +62,11 @@ impl KvCache for ChunkedCache {
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         self.maybe_trim_front()?;
-        let prev = self.offset - self.start_position;
-        let n = keys.dim(2);
-        let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(k), Some(v)) if prev + n <= k.dim(2) => (k, v),
-            (old_k, old_v) => {
-                let (b, heads, k_dim, v_dim) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
-                let steps = (STEP + n - 1) / STEP;
-                let new_k = ops::zeros(&[b, heads, steps * STEP, k_dim], keys.dtype())?;
-                let new_v = ops::zeros(&[b, heads, steps * STEP, v_dim], values.dtype())?;
-                match (old_k, old_v) {
-                    (Some(mut k), Some(mut v)) => {
-                        if prev % STEP != 0 {
-                            k = k.slice_axis(2, 0, prev)?;
-                            v = v.slice_axis(2, 0, prev)?;
-                        }
-                        (ops::concatenate(&[&k, &new_k], 2)?, ops::concatenate(&[&v, &new_v], 2)?)
-                    }
-                    _ => (new_k, new_v),
-                }
-            }
-        };
-        self.offset += n;
+        let filled = self.offset - self.start_position;
+        let (k, v) = super::growing::write_in_steps(&mut self.keys, &mut self.values, filled, keys, values)?;
+        self.offset += keys.dim(2);
         let end = self.offset - self.start_position;
-        let start = [0, 0, prev, 0];
-        let k = k.slice_update(keys, &start, &[k.dim(0), k.dim(1), end, k.dim(3)])?;
-        let v = v.slice_update(values, &start, &[v.dim(0), v.dim(1), end, v.dim(3)])?;
-        let out = (k.slice_axis(2, 0, end)?, v.slice_axis(2, 0, end)?);
-        self.keys = Some(k);
-        self.values = Some(v);
-        Ok(out)
+        Ok((k.slice_axis(2, 0, end)?, v.slice_axis(2, 0, end)?))
     }
 
     fn first_position(&self) -> i32 {

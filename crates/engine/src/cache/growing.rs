@@ -7,6 +7,45 @@ use mlx::{ops, Array};
 
 const STEP: i32 = 256;
 
+/// mlx-lm's `KVCache` write, shared by the growing, chunked and batch caches: `keys` / `values`
+/// (B, heads, n, D) go into the buffers (B, heads, capacity, D) at position `filled`; when they do
+/// not fit, the buffers grow by whole steps of 256 positions, a partly filled old buffer first cut
+/// to its filled part (`prev % step != 0`). Returns the buffers after the write.
+pub(super) fn write_in_steps(
+    key_buf: &mut Option<Array>,
+    value_buf: &mut Option<Array>,
+    filled: i32,
+    keys: &Array,
+    values: &Array,
+) -> Result<(Array, Array)> {
+    let n = keys.dim(2);
+    let (k, v) = match (key_buf.take(), value_buf.take()) {
+        (Some(k), Some(v)) if filled + n <= k.dim(2) => (k, v),
+        (old_k, old_v) => {
+            let (b, heads, k_dim, v_dim) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
+            let n_steps = (STEP + n - 1) / STEP;
+            let new_k = ops::zeros(&[b, heads, n_steps * STEP, k_dim], keys.dtype())?;
+            let new_v = ops::zeros(&[b, heads, n_steps * STEP, v_dim], values.dtype())?;
+            match (old_k, old_v) {
+                (Some(mut k), Some(mut v)) => {
+                    if filled % STEP != 0 {
+                        k = k.slice_axis(2, 0, filled)?;
+                        v = v.slice_axis(2, 0, filled)?;
+                    }
+                    (ops::concatenate(&[&k, &new_k], 2)?, ops::concatenate(&[&v, &new_v], 2)?)
+                }
+                _ => (new_k, new_v),
+            }
+        }
+    };
+    let (start, end) = ([0, 0, filled, 0], filled + n);
+    let k = k.slice_update(keys, &start, &[k.dim(0), k.dim(1), end, k.dim(3)])?;
+    let v = v.slice_update(values, &start, &[v.dim(0), v.dim(1), end, v.dim(3)])?;
+    *key_buf = Some(k.clone());
+    *value_buf = Some(v.clone());
+    Ok((k, v))
+}
+
 #[derive(Default)]
 pub struct GrowingCache {
     keys: Option<Array>,   // (B, kv_heads, capacity, k_dim)
@@ -44,40 +83,13 @@ impl KvCache for GrowingCache {
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let prev = self.offset;
-        let new_len = keys.dim(2);
-        let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(k), Some(v)) if prev + new_len <= k.dim(2) => (k, v),
-            (old_k, old_v) => {
-                // Grow by whole steps; a partly filled old buffer is first cut to its filled part.
-                let (b, heads, k_dim, v_dim) = (keys.dim(0), keys.dim(1), keys.dim(3), values.dim(3));
-                let n_steps = (STEP + new_len - 1) / STEP;
-                let new_k = ops::zeros(&[b, heads, n_steps * STEP, k_dim], keys.dtype())?;
-                let new_v = ops::zeros(&[b, heads, n_steps * STEP, v_dim], values.dtype())?;
-                match (old_k, old_v) {
-                    (Some(mut k), Some(mut v)) => {
-                        if prev % STEP != 0 {
-                            k = k.slice_axis(2, 0, prev)?;
-                            v = v.slice_axis(2, 0, prev)?;
-                        }
-                        (ops::concatenate(&[&k, &new_k], 2)?, ops::concatenate(&[&v, &new_v], 2)?)
-                    }
-                    _ => (new_k, new_v),
-                }
-            }
-        };
-        self.offset += new_len;
-        let start = [0, 0, prev, 0];
-        let k = k.slice_update(keys, &start, &[k.dim(0), k.dim(1), self.offset, k.dim(3)])?;
-        let v = v.slice_update(values, &start, &[v.dim(0), v.dim(1), self.offset, v.dim(3)])?;
-        let out = if self.offset < k.dim(2) {
+        let (k, v) = write_in_steps(&mut self.keys, &mut self.values, self.offset, keys, values)?;
+        self.offset += keys.dim(2);
+        Ok(if self.offset < k.dim(2) {
             (k.slice_axis(2, 0, self.offset)?, v.slice_axis(2, 0, self.offset)?)
         } else {
             (k.clone(), v.clone())
-        };
-        self.keys = Some(k);
-        self.values = Some(v);
-        Ok(out)
+        })
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {
