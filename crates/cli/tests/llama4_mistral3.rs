@@ -90,17 +90,7 @@ fn tokens_and_logits_equal_mlx_lm() {
         assert_eq!(o["prompt_tokens"].as_u64(), Some(ref_prompt.len() as u64), "{case}: prompt_tokens");
 
         let ref_logits: Vec<f32> = r["logits"].as_array().expect("logits").iter().map(|x| x.as_f64().unwrap() as f32).collect();
-        let model = LoadedModel::load(&models().join(variant)).unwrap_or_else(|e| panic!("{case}: load: {e:?}"));
-        let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
-        assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
-        let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
-        let tol = if !variant.ends_with("-bf16") {
-            1e-5
-        } else {
-            let (lo, hi) = ref_logits.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-            1e-2 * (hi - lo)
-        };
-        assert!(max_diff <= tol, "{case}: prompt logits differ from mlx-lm's by up to {max_diff:e} (tolerance {tol:e})");
+        let max_diff = common::assert_prompt_logits(&case, &models().join(variant), &ref_prompt, &ref_logits, !variant.ends_with("-bf16"));
         eprintln!("{case}: {} tokens equal, logits max |diff| {max_diff:e}", ref_tokens.len());
     }
 }

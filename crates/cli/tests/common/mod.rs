@@ -301,10 +301,19 @@ pub fn check_against_reference(dir: &Path, f32: bool, prompt: &str, ignore_chat_
     assert_eq!(o["text"], r["text"], "{case}: text differs from mlx-lm's");
     assert_eq!(o["prompt_tokens"].as_u64(), Some(ref_prompt.len() as u64), "{case}: prompt_tokens");
 
+    let max_diff = assert_prompt_logits(&case, dir, &ref_prompt, &ref_logits, f32);
+    eprintln!("{case}: {} tokens equal, logits max |diff| {max_diff:e}", ref_tokens.len());
+    ref_prompt.len()
+}
+
+/// The engine's last-position logits for `prompt` on the model folder `dir` are within 1e-5 of
+/// mlx-lm's `ref_logits` (float32 activations, `f32`), or 1e-2 x their range otherwise; returns the
+/// largest difference (NaN counts as the largest).
+pub fn assert_prompt_logits(case: &str, dir: &Path, prompt: &[u32], ref_logits: &[f32], f32: bool) -> f32 {
     let model = engine::LoadedModel::load(dir).unwrap_or_else(|e| panic!("{case}: load: {e:?}"));
-    let logits = model.prompt_logits(&ref_prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
+    let logits = model.prompt_logits(prompt).unwrap_or_else(|e| panic!("{case}: prompt_logits: {e:?}"));
     assert_eq!(logits.len(), ref_logits.len(), "{case}: logits length");
-    let max_diff = logits.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
+    let max_diff = logits.iter().zip(ref_logits).map(|(a, b)| (a - b).abs()).fold(0f32, |m, d| if d.is_nan() || d > m { d } else { m });
     let tol = if f32 {
         1e-5
     } else {
@@ -312,8 +321,7 @@ pub fn check_against_reference(dir: &Path, f32: bool, prompt: &str, ignore_chat_
         1e-2 * (hi - lo)
     };
     assert!(max_diff <= tol, "{case}: prompt logits differ from mlx-lm's by up to {max_diff:e} (tolerance {tol:e})");
-    eprintln!("{case}: {} tokens equal, logits max |diff| {max_diff:e}", ref_tokens.len());
-    ref_prompt.len()
+    max_diff
 }
 
 /// tests/oracle/convert_compare.py: the two model folders are equal tensor for tensor (names,
