@@ -9,7 +9,7 @@ use mlx::{Array, Dtype};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// What `mlx_lm.convert`'s flags ask for.
 #[derive(Clone, Debug)]
@@ -203,28 +203,6 @@ fn load_config(dir: &Path) -> Result<Map<String, Value>> {
     Ok(config)
 }
 
-/// The tensors of the `model*.safetensors` files of `dir`, by name.
-fn load_weights(dir: &Path) -> Result<BTreeMap<String, Array>> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(|e| io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            n.starts_with("model") && n.ends_with(".safetensors")
-        })
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(io(dir, "no model*.safetensors weights in this folder"));
-    }
-    let mut out = BTreeMap::new();
-    for f in files {
-        let st = mlx::io::load_safetensors(&f).map_err(|e| io(&f, e.message))?;
-        out.extend(st.tensors);
-    }
-    Ok(out)
-}
-
 /// The dtype mlx-lm casts float parameters to: `--dtype`, else `torch_dtype`, else `text_config.dtype`.
 fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dtype> {
     if opts.dtype.is_some() {
@@ -253,7 +231,8 @@ pub fn convert_folder(
     if opts.quantize && config.contains_key("quantization") {
         return Err(FormatError::Invalid(format!("{} is already quantized", src.display())));
     }
-    let mut weights = load_weights(src)?;
+    // The files an index names, or every model*.safetensors; each checked before it is read.
+    let mut weights: BTreeMap<String, Array> = checkpoint::Weights::load_dir(src)?.into_map().into_iter().collect();
     rules.sanitize(&model_type, &config, &mut weights).map_err(FormatError::Invalid)?;
     rules.update_config(&model_type, &mut config);
     let dtype = target_dtype(opts, &config);
