@@ -43,13 +43,21 @@ fn greedy_speculation_equals_plain_generation() {
     assert_eq!(count(&plain, "generation_tokens"), 128, "the plain run must not stop early: {plain}");
     assert!(plain.get("draft_tokens_proposed").is_none(), "no draft statistics without speculation");
     for (name, flags) in &cases {
+        // Every round speculative, then with the measured fallback to plain decoding (its first
+        // tokens are plain, the rest as the timing decides: the tokens must not depend on it).
+        let always = generate("llama3-f32", 128, &[&flags[..], &["--always-speculate"]].concat());
         let spec = generate("llama3-f32", 128, flags);
-        assert_eq!(spec["tokens"], plain["tokens"], "{name}: tokens differ from plain greedy generation");
-        assert_eq!(spec["text"], plain["text"], "{name}: text");
-        let (proposed, accepted) = (count(&spec, "draft_tokens_proposed"), count(&spec, "draft_tokens_accepted"));
+        for (mode, v) in [("every round speculative", &always), ("with the fallback", &spec)] {
+            assert_eq!(v["tokens"], plain["tokens"], "{name}, {mode}: tokens differ from plain greedy generation");
+            assert_eq!(v["text"], plain["text"], "{name}, {mode}: text");
+        }
+        let (proposed, accepted) = (count(&always, "draft_tokens_proposed"), count(&always, "draft_tokens_accepted"));
         assert!(accepted <= proposed, "{name}: {accepted} accepted of {proposed}");
         assert!(accepted > 0, "{name}: no draft token was accepted");
-        eprintln!("{name}: {accepted}/{proposed} accepted");
+        assert_eq!(count(&always, "plain_fallback_tokens"), 0, "{name}: --always-speculate decoded plainly");
+        let fallback = count(&spec, "plain_fallback_tokens");
+        assert!(fallback >= 16, "{name}: the fallback measures plain decoding first, {fallback} plain tokens");
+        eprintln!("{name}: {accepted}/{proposed} accepted; with the fallback {fallback} of 128 plain");
     }
     // With penalties, prompt lookup keeps plain generation's whole token history.
     let pen = ["--repetition-penalty", "1.3", "--frequency-penalty", "0.2", "--frequency-context-size", "0"];
@@ -63,7 +71,13 @@ fn max_tokens_is_exact_with_speculation() {
     let q4 = common::model("llama3-q4g64");
     for max in [1, 2, 5, 7] {
         let plain = generate("qwen3-f32", max, &[]);
-        for flags in [vec!["--draft-model", q4.to_str().unwrap(), "--num-draft-tokens", "3"], vec!["--prompt-lookup", "2"]] {
+        let q4 = q4.to_str().unwrap();
+        for flags in [
+            vec!["--draft-model", q4, "--num-draft-tokens", "3"],
+            vec!["--draft-model", q4, "--num-draft-tokens", "3", "--always-speculate"],
+            vec!["--prompt-lookup", "2"],
+            vec!["--prompt-lookup", "2", "--always-speculate"],
+        ] {
             let spec = generate("qwen3-f32", max, &flags);
             assert_eq!(spec["tokens"], plain["tokens"], "max {max} {flags:?}");
             assert_eq!(count(&spec, "generation_tokens"), max as u64, "max {max} {flags:?}");

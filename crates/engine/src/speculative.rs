@@ -10,13 +10,21 @@
 //! logits processors are on), and the processors' history starts at the last prompt token, as
 //! mlx-lm's `prev_tokens` does. Prompt lookup (not in mlx-lm) keeps the whole history instead, so
 //! at temperature 0 it gives exactly the tokens of plain generation, penalties included.
+//!
+//! Greedy runs without logits processors fall back to plain decoding while speculation is measured
+//! to be slower (see [`crate::pace`]; `SpeculativeConfig::fallback`): their tokens are plain
+//! decoding's either way. Sampled runs keep mlx-lm's schedule, so a seed gives mlx-lm's tokens.
+//! With `MLX_GEN_TRACE` set, each round is timed stage by stage (draft, verification, host work;
+//! with a device sync after the draft) and the totals are printed when the generator is dropped.
 use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
+use crate::pace::{Pace, Phase};
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
+use std::time::Instant;
 
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {
@@ -35,11 +43,14 @@ pub struct SpeculativeConfig {
     /// Grow the draft length by 2 after a fully accepted round and shrink it by 1 after a rejection,
     /// within 1..=4K. Off by default (mlx-lm's draft length is fixed).
     pub adaptive: bool,
+    /// Greedy decoding without logits processors goes plain while speculation is measured to be
+    /// slower ([`crate::pace`]); ignored otherwise (sampled runs keep mlx-lm's schedule). On by default.
+    pub fallback: bool,
 }
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_draft_tokens: 3, adaptive: false }
+        SpeculativeConfig { num_draft_tokens: 3, adaptive: false, fallback: true }
     }
 }
 
@@ -52,7 +63,7 @@ pub struct SpecToken {
 }
 
 /// Draft statistics so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SpecStats {
     /// Draft tokens proposed to the target.
     pub proposed: usize,
@@ -60,6 +71,13 @@ pub struct SpecStats {
     pub accepted: usize,
     /// Target forward passes after the prompt (rounds).
     pub rounds: usize,
+    /// Tokens the rounds handed out (accepted drafts and the target's own).
+    pub round_tokens: usize,
+    /// Seconds spent in rounds (building, running and reading them).
+    pub round_s: f64,
+    /// Tokens from plain decoding while speculation did not pay, and the number of such stretches.
+    pub plain_tokens: usize,
+    pub fallbacks: usize,
 }
 
 impl SpecStats {
@@ -71,6 +89,33 @@ impl SpecStats {
             self.accepted as f64 / self.proposed as f64
         }
     }
+
+    /// Tokens handed out per round (0 without rounds).
+    pub fn tokens_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.round_tokens as f64 / self.rounds as f64
+        }
+    }
+
+    /// Milliseconds per round (0 without rounds).
+    pub fn ms_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            1e3 * self.round_s / self.rounds as f64
+        }
+    }
+}
+
+/// `MLX_GEN_TRACE`: seconds per stage of the rounds so far (drafting, verification up to its
+/// tokens on the host, acceptance and rewinding).
+#[derive(Default)]
+struct Trace {
+    draft_s: f64,
+    verify_s: f64,
+    host_s: f64,
 }
 
 /// The logits processors' token history, mlx-lm's `prev_tokens`: a lazy int32 array, kept only
@@ -187,6 +232,31 @@ pub struct SpeculativeGenerator<'m> {
     ntoks: usize,
     stats: SpecStats,
     done: bool,
+    /// The plain-decoding fallback's schedule (greedy runs without processors), and its queued
+    /// next token with its log-probabilities (1,), (1, vocab).
+    pace: Option<Pace>,
+    plain_pending: Option<(Array, Array)>,
+    trace: Option<Trace>,
+}
+
+impl Drop for SpeculativeGenerator<'_> {
+    fn drop(&mut self) {
+        let (Some(t), s) = (&self.trace, &self.stats) else { return };
+        if s.rounds > 0 {
+            let per = |x: f64| 1e3 * x / s.rounds as f64;
+            eprintln!(
+                "trace: {} rounds, {:.2} tokens/round, acceptance {:.1}%, draft {:.3} ms/round, verify {:.3} ms/round, host {:.3} ms/round; {} plain tokens in {} stretches",
+                s.rounds,
+                s.tokens_per_round(),
+                100.0 * s.acceptance_rate(),
+                per(t.draft_s),
+                per(t.verify_s),
+                per(t.host_s),
+                s.plain_tokens,
+                s.fallbacks
+            );
+        }
+    }
 }
 
 impl<'m> SpeculativeGenerator<'m> {
@@ -238,6 +308,8 @@ impl<'m> SpeculativeGenerator<'m> {
         let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
         let k = spec.num_draft_tokens;
         let config_max = config.max_tokens;
+        let pace = (spec.fallback && config.sampler.is_greedy() && processors.is_empty()).then(Pace::new);
+        let trace = std::env::var_os("MLX_GEN_TRACE").map(|_| Trace::default());
         Ok(SpeculativeGenerator {
             model,
             cache,
@@ -254,11 +326,14 @@ impl<'m> SpeculativeGenerator<'m> {
             ntoks: 0,
             stats: SpecStats::default(),
             done: config_max == Some(0),
+            pace,
+            plain_pending: None,
+            trace,
         })
     }
 
     pub fn stats(&self) -> SpecStats {
-        self.stats
+        SpecStats { fallbacks: self.pace.as_ref().map_or(0, |p| p.fallbacks), ..self.stats }
     }
 
     /// The draft length of the next round.
@@ -266,8 +341,54 @@ impl<'m> SpeculativeGenerator<'m> {
         self.k
     }
 
+    /// One plain decoding step of the fallback, pipelined as `Generator`'s: the next step is
+    /// queued before the current token is read, unless this is the stretch's last token (then
+    /// the token becomes the pending input of the next round, as after a round).
+    fn plain_next(&mut self) -> Result<()> {
+        let max = self.config.max_tokens.unwrap_or(usize::MAX);
+        let (tok, logprobs) = match self.plain_pending.take() {
+            Some(p) => p,
+            None => {
+                let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+                let p = step(self.model, &mut self.cache, &y, 1, &self.config, &mut self.history)?;
+                async_eval(&[&p.0, &p.1])?;
+                p
+            }
+        };
+        let goes_on = self.pace.as_ref().is_some_and(Pace::plain_continues) && self.ntoks + 1 < max;
+        if goes_on {
+            let next = step(self.model, &mut self.cache, &tok, 1, &self.config, &mut self.history)?;
+            async_eval(&[&next.0, &next.1])?;
+            self.plain_pending = Some(next);
+        }
+        let token = tok.item::<u32>()?;
+        self.ready.push_back(SpecToken { token, logprobs: logprobs.squeeze(&[0])?, from_draft: false });
+        self.ntoks += 1;
+        self.stats.plain_tokens += 1;
+        if self.ntoks == max {
+            self.done = true;
+        }
+        if let Some(p) = self.pace.as_mut() {
+            p.plain_token();
+        }
+        if matches!(self.draft, Draft::PromptLookup { .. }) {
+            self.seq.push(token);
+        } else {
+            // The draft model catches up on the plain tokens at its next step.
+            self.draft_y.push(token);
+        }
+        if !goes_on {
+            self.y = vec![token];
+        }
+        if self.stats.plain_tokens.is_multiple_of(256) {
+            mlx::runtime::clear_cache();
+        }
+        Ok(())
+    }
+
     /// One round: draft, verify, queue the accepted tokens, rewind the caches.
     fn round(&mut self) -> Result<()> {
+        let t0 = Instant::now();
         let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let want = (max - self.ntoks).min(self.k);
         // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
@@ -292,6 +413,12 @@ impl<'m> SpeculativeGenerator<'m> {
             }
         };
         let num_draft = lookup.as_ref().map_or(draft_tokens.len(), Vec::len);
+        let t_draft = if self.trace.is_some() {
+            mlx::eval(&draft_tokens.iter().collect::<Vec<_>>())?;
+            Some(Instant::now())
+        } else {
+            None
+        };
         let mut parts = vec![Array::from_slice(&self.y, &[self.y.len() as i32])?];
         parts.extend(draft_tokens);
         let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
@@ -301,8 +428,10 @@ impl<'m> SpeculativeGenerator<'m> {
         let tokens: Vec<u32> = tokens.to_vec()?;
         let drafted: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
         let drafted = &drafted[self.y.len()..];
+        let t_verify = Instant::now();
         self.stats.proposed += num_draft;
         self.stats.rounds += 1;
+        let before = self.ntoks;
 
         let row = |i: usize| -> Result<Array> { Ok(logprobs.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?) };
         let mut n = 0;
@@ -346,6 +475,19 @@ impl<'m> SpeculativeGenerator<'m> {
         if self.stats.rounds.is_multiple_of(256) {
             mlx::runtime::clear_cache();
         }
+        let handed = self.ntoks - before;
+        self.stats.round_tokens += handed;
+        let end = Instant::now();
+        self.stats.round_s += (end - t0).as_secs_f64();
+        if let Some(t) = self.trace.as_mut() {
+            let drafted_at = t_draft.unwrap_or(t0);
+            t.draft_s += (drafted_at - t0).as_secs_f64();
+            t.verify_s += (t_verify - drafted_at).as_secs_f64();
+            t.host_s += (end - t_verify).as_secs_f64();
+        }
+        if let Some(p) = self.pace.as_mut() {
+            p.round(handed);
+        }
         Ok(())
     }
 }
@@ -355,7 +497,9 @@ impl Iterator for SpeculativeGenerator<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.ready.is_empty() && !self.done {
-            if let Err(e) = self.round() {
+            let plain = self.plain_pending.is_some() || self.pace.as_ref().is_some_and(|p| matches!(p.phase(), Phase::Plain { .. }));
+            let r = if plain { self.plain_next() } else { self.round() };
+            if let Err(e) = r {
                 self.done = true;
                 return Some(Err(e));
             }
