@@ -21,6 +21,21 @@ fn generate(model: &str, max_tokens: usize, flags: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON: {e}"))
 }
 
+/// [`generate`] with the verification pass padded to a multiple of `pad` positions (as on the GPU).
+fn generate_padded(model: &str, max_tokens: usize, flags: &[&str], pad: usize) -> Value {
+    let dir = common::model(model);
+    let max = max_tokens.to_string();
+    let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--prompt", PROMPT, "--max-tokens", &max, "--output", "json"];
+    args.extend_from_slice(flags);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
+        .args(&args)
+        .env("MLX_GEN_VERIFY_PAD", pad.to_string())
+        .output()
+        .expect("spawn mlx-gen");
+    assert!(out.status.success(), "mlx-gen {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON: {e}"))
+}
+
 fn count(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}"))
 }
@@ -59,11 +74,23 @@ fn greedy_speculation_equals_plain_generation() {
         assert!(fallback >= 16, "{name}: the fallback measures plain decoding first, {fallback} plain tokens");
         eprintln!("{name}: {accepted}/{proposed} accepted; with the fallback {fallback} of 128 plain");
     }
+    // Verification padded to 8 positions (the GPU's default), and to 5 (so that K=8's 9 become 10):
+    // the padding changes no token, and the cache is rewound past it.
+    for (name, flags) in cases.iter().filter(|(n, _)| n.contains("K=3") || n.contains("K=8") || n.contains("own draft")) {
+        for pad in [8, 5] {
+            let flags = [&flags[..], &["--always-speculate"]].concat();
+            let padded = generate_padded("llama3-f32", 128, &flags, pad);
+            assert_eq!(padded["tokens"], plain["tokens"], "{name}, verification padded to {pad}: tokens differ from plain");
+        }
+    }
     // With penalties, prompt lookup keeps plain generation's whole token history.
     let pen = ["--repetition-penalty", "1.3", "--frequency-penalty", "0.2", "--frequency-context-size", "0"];
     let plain = generate("llama3-f32", 128, &pen);
     let spec = generate("llama3-f32", 128, &[&pen[..], &["--prompt-lookup", "2", "--num-draft-tokens", "4"]].concat());
     assert_eq!(spec["tokens"], plain["tokens"], "prompt lookup with penalties: tokens differ from plain generation");
+    let flags = [&pen[..], &["--prompt-lookup", "2", "--num-draft-tokens", "4"]].concat();
+    let padded = generate_padded("llama3-f32", 128, &flags, 8);
+    assert_eq!(padded["tokens"], plain["tokens"], "prompt lookup with penalties, padded verification: tokens differ");
 }
 
 #[test]
@@ -185,8 +212,10 @@ fn prompt_lookup_proposes_the_latest_match() {
     use engine::speculative::prompt_lookup;
     let seq = [1, 2, 3, 9, 1, 2, 4, 5, 1, 2];
     assert_eq!(prompt_lookup(&seq, 2, 3), vec![4, 5, 1], "latest match of [1, 2]");
-    assert_eq!(prompt_lookup(&seq, 2, 10), vec![4, 5, 1, 2], "up to the end");
+    assert_eq!(prompt_lookup(&seq, 2, 10), vec![4, 5, 1, 2, 4, 5, 1, 2, 4, 5], "to the end, then the pattern again");
     assert_eq!(prompt_lookup(&[7, 8, 5, 6, 8], 3, 2), vec![5, 6], "falls back to a 1-gram");
+    assert_eq!(prompt_lookup(&[3, 9, 9, 9], 3, 4), vec![9, 9, 9, 9], "a run of one token");
+    assert_eq!(prompt_lookup(&[1, 2, 1, 2], 2, 5), vec![1, 2, 1, 2, 1], "a two-token cycle");
     assert!(prompt_lookup(&[1, 2, 3], 2, 3).is_empty(), "no match");
     assert!(prompt_lookup(&seq, 2, 0).is_empty());
     assert!(prompt_lookup(&[5], 3, 3).is_empty());

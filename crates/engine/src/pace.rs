@@ -3,22 +3,25 @@
 //!
 //! Generation alternates phases. A plain phase (pipelined plain decoding, as `Generator` runs it)
 //! measures seconds per token; a speculative phase measures seconds per handed-out token of its
-//! rounds (rejections, empty prompt-lookup rounds and the verification's host sync included) as a
-//! moving average. Once a speculative phase has a few rounds measured and is slower than the last
-//! plain phase, generation goes plain for a stretch, which doubles each time speculation loses
+//! rounds (rejections, empty prompt-lookup rounds and the verification's host sync included) over
+//! its last few rounds. Once a speculative phase has a few rounds measured and is slower than the
+//! last plain phase by more than a small margin (one slow round, e.g. a KV buffer growing, must not
+//! send it back), generation goes plain for a stretch, which doubles each time speculation loses
 //! again (so probing a prompt where it never pays costs a few percent at most) and resets when it
 //! wins. The first interval after a switch (pipeline fill, the draft model catching up) is not
 //! measured. Each interval runs from one production event to the next, so the consumer's own time
 //! per token counts the same in both modes.
+use std::collections::VecDeque;
 use std::time::Instant;
 
-/// Speculative rounds measured before a phase is judged.
-const PROBE_ROUNDS: usize = 3;
+/// Speculative rounds measured before a phase is judged, and the rounds it is judged over.
+const PROBE_ROUNDS: usize = 4;
+const WINDOW: usize = 8;
+/// Speculation is given up when its seconds per token exceed plain decoding's by this factor.
+const MARGIN: f64 = 1.02;
 /// Plain tokens measured first, and the first stretch after speculation loses.
 const FIRST_STRETCH: usize = 16;
 const MAX_STRETCH: usize = 1024;
-/// Weight of the newest round in the speculative phase's moving average.
-const EMA_WEIGHT: f64 = 0.25;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
@@ -31,11 +34,11 @@ pub struct Pace {
     phase: Phase,
     /// Seconds per token of the last plain phase.
     plain: Option<f64>,
-    /// This phase's measurement: seconds and tokens (plain), or the moving average and the rounds
-    /// measured (speculative).
+    /// This phase's measurement: seconds and tokens (plain), or the last rounds' (seconds,
+    /// tokens) and the rounds measured (speculative).
     sum_s: f64,
     count: usize,
-    ema: f64,
+    window: VecDeque<(f64, usize)>,
     /// The first event of a phase is not measured.
     skip: bool,
     stretch: usize,
@@ -52,7 +55,7 @@ impl Pace {
             plain: None,
             sum_s: 0.0,
             count: 0,
-            ema: 0.0,
+            window: VecDeque::with_capacity(WINDOW),
             skip: true,
             stretch: FIRST_STRETCH,
             last: Instant::now(),
@@ -74,7 +77,7 @@ impl Pace {
         self.phase = phase;
         self.sum_s = 0.0;
         self.count = 0;
-        self.ema = 0.0;
+        self.window.clear();
         self.skip = true;
     }
 
@@ -115,14 +118,17 @@ impl Pace {
         if tokens == 0 {
             return;
         }
-        let per_token = dt / tokens as f64;
-        self.ema = if self.count == 0 { per_token } else { EMA_WEIGHT * per_token + (1.0 - EMA_WEIGHT) * self.ema };
+        if self.window.len() == WINDOW {
+            self.window.pop_front();
+        }
+        self.window.push_back((dt, tokens));
         self.count += 1;
         if self.count < PROBE_ROUNDS {
             return;
         }
         let Some(plain) = self.plain else { return };
-        if self.ema > plain {
+        let (s, n) = self.window.iter().fold((0.0, 0), |(s, n), &(dt, k)| (s + dt, n + k));
+        if s / n as f64 > plain * MARGIN {
             let stretch = self.stretch;
             self.stretch = (2 * stretch).min(MAX_STRETCH);
             self.fallbacks += 1;

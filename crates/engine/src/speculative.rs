@@ -46,11 +46,15 @@ pub struct SpeculativeConfig {
     /// Greedy decoding without logits processors goes plain while speculation is measured to be
     /// slower ([`crate::pace`]); ignored otherwise (sampled runs keep mlx-lm's schedule). On by default.
     pub fallback: bool,
+    /// The verification forward pass is padded to a multiple of this many positions (1: none). On
+    /// MLX's CUDA backend a quantized matrix product of 2-7 rows costs several times one of 8
+    /// (BENCHMARKS.md), so the GPU pads to 8; padding changes no token (causal attention).
+    pub pad_verify: usize,
 }
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_draft_tokens: 3, adaptive: false, fallback: true }
+        SpeculativeConfig { num_draft_tokens: 3, adaptive: false, fallback: true, pad_verify: 1 }
     }
 }
 
@@ -162,7 +166,9 @@ impl History {
 }
 
 /// mlx-lm's `_step`: one forward pass over `input` (L,), then the last `n_predict` positions are
-/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab).
+/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab). With
+/// `padded`, the input's first `len - padded` positions are its own and the rest padding (causal
+/// attention keeps them out of the real positions; the caller trims them from the cache).
 fn step(
     model: &dyn Model,
     cache: &mut [Box<dyn KvCache>],
@@ -171,9 +177,22 @@ fn step(
     config: &GenerateConfig,
     history: &mut History,
 ) -> Result<(Array, Array)> {
-    let len = input.dim(0);
-    let logits = model.forward(&input.reshape(&[1, len])?, cache)?; // (1, L, vocab)
-    let logits = logits.slice_axis(1, -n_predict, i32::MAX)?;
+    step_padded(model, cache, input, 0, n_predict, config, history)
+}
+
+fn step_padded(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    input: &Array,
+    padded: i32,
+    n_predict: i32,
+    config: &GenerateConfig,
+    history: &mut History,
+) -> Result<(Array, Array)> {
+    let full = input.dim(0);
+    let logits = model.forward(&input.reshape(&[1, full])?, cache)?; // (1, L, vocab)
+    let (len, input) = (full - padded, &input.slice_axis(0, 0, full - padded)?);
+    let logits = logits.slice_axis(1, len - n_predict, len)?; // (1, n_predict, vocab)
     maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
     let sampler = &config.sampler;
     if sampler.processors.is_empty() {
@@ -195,8 +214,10 @@ fn step(
     Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
 }
 
-/// The continuation (at most `max` tokens) of the latest earlier occurrence of the last n-gram of
-/// `seq`, for n from `ngram` down to 1; empty when there is none.
+/// The continuation (`max` tokens) of the latest earlier occurrence of the last n-gram of `seq`,
+/// for n from `ngram` down to 1; empty when there is none. A continuation that reaches the end of
+/// `seq` goes on with itself (the pattern from the match to the end repeats: a run of one token
+/// proposes that token `max` times rather than once).
 pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
     let len = seq.len();
     if max == 0 || len < 2 {
@@ -206,7 +227,12 @@ pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
         let tail = &seq[len - n..];
         if let Some(i) = (0..len - n).rev().find(|&i| &seq[i..i + n] == tail) {
             let start = i + n;
-            return seq[start..(start + max).min(len)].to_vec();
+            let mut out: Vec<u32> = Vec::with_capacity(max);
+            for p in start..start + max {
+                // p - len < out.len(), as start < len.
+                out.push(if p < len { seq[p] } else { out[p - len] });
+            }
+            return out;
         }
     }
     Vec::new()
@@ -222,6 +248,7 @@ pub struct SpeculativeGenerator<'m> {
     k: usize,
     k_max: usize,
     adaptive: bool,
+    pad_verify: usize,
     /// The target's next input (its last token, not yet in its cache) and the draft model's.
     y: Vec<u32>,
     draft_y: Vec<u32>,
@@ -318,6 +345,7 @@ impl<'m> SpeculativeGenerator<'m> {
             k,
             k_max: 4 * k,
             adaptive: spec.adaptive,
+            pad_verify: spec.pad_verify.max(1),
             y: vec![last],
             draft_y: vec![last],
             history,
@@ -421,13 +449,26 @@ impl<'m> SpeculativeGenerator<'m> {
         };
         let mut parts = vec![Array::from_slice(&self.y, &[self.y.len() as i32])?];
         parts.extend(draft_tokens);
+        // Padding (repeats of the pending token) up to the next multiple of pad_verify positions.
+        let real = self.y.len() + num_draft;
+        let pad = if num_draft > 0 && self.pad_verify > 1 { real.next_multiple_of(self.pad_verify) - real } else { 0 };
+        if pad > 0 {
+            parts.push(Array::from_slice(&vec![self.y[0]; pad], &[pad as i32])?);
+        }
         let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
-        let (tokens, logprobs) =
-            step(self.model, &mut self.cache, &input, num_draft as i32 + 1, &self.config, &mut self.history)?;
+        let (tokens, logprobs) = step_padded(
+            self.model,
+            &mut self.cache,
+            &input,
+            pad as i32,
+            num_draft as i32 + 1,
+            &self.config,
+            &mut self.history,
+        )?;
         mlx::eval(&[&tokens, &input])?;
         let tokens: Vec<u32> = tokens.to_vec()?;
         let drafted: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
-        let drafted = &drafted[self.y.len()..];
+        let drafted = &drafted[self.y.len()..real];
         let t_verify = Instant::now();
         self.stats.proposed += num_draft;
         self.stats.rounds += 1;
@@ -465,7 +506,7 @@ impl<'m> SpeculativeGenerator<'m> {
         let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
         self.history.drop_last(extra)?;
         self.history.cut_front()?;
-        trim_prompt_cache(&mut self.cache, (num_draft - n) as i32)?;
+        trim_prompt_cache(&mut self.cache, (num_draft - n + pad) as i32)?;
         if let Draft::Model { cache, .. } = &mut self.draft {
             trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
         }

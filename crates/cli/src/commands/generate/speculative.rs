@@ -56,6 +56,7 @@ impl SpecArgs {
             num_draft_tokens: self.num_draft_tokens as usize,
             adaptive: self.adaptive_draft,
             fallback: !self.always_speculate,
+            pad_verify: verify_padding()?,
         };
         let drafter = match (draft, self.prompt_lookup) {
             (Some(d), _) => Draft::Model { model: d.model.as_ref(), cache: d.model.make_cache() },
@@ -66,6 +67,15 @@ impl SpecArgs {
             bail!("constrained decoding does not combine with speculative decoding yet");
         }
         Ok(Tokens::Spec(Box::new(SpeculativeGenerator::new(model, prompt, cache, drafter, config, spec)?)))
+    }
+}
+
+/// What the verification pass is padded to: 8 positions on the GPU (MLX's CUDA quantized matrix
+/// product is much slower for 2-7 rows than for 8), none on the CPU; `MLX_GEN_VERIFY_PAD=N` sets it.
+fn verify_padding() -> Result<usize> {
+    match std::env::var("MLX_GEN_VERIFY_PAD") {
+        Ok(v) => v.trim().parse::<usize>().map_err(|_| anyhow::anyhow!("MLX_GEN_VERIFY_PAD={v:?} is not a whole number")),
+        Err(_) => Ok(if mlx::runtime::default_device() == mlx::runtime::Device::Gpu { 8 } else { 1 }),
     }
 }
 
