@@ -23,13 +23,18 @@ fn generate(model: &str, max_tokens: usize, flags: &[&str]) -> Value {
 
 /// [`generate`] with the verification pass padded to a multiple of `pad` positions (as on the GPU).
 fn generate_padded(model: &str, max_tokens: usize, flags: &[&str], pad: usize) -> Value {
+    generate_env(model, max_tokens, flags, &[("MLX_GEN_VERIFY_PAD", &pad.to_string())])
+}
+
+/// [`generate`] with environment variables set.
+fn generate_env(model: &str, max_tokens: usize, flags: &[&str], env: &[(&str, &str)]) -> Value {
     let dir = common::model(model);
     let max = max_tokens.to_string();
     let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--prompt", PROMPT, "--max-tokens", &max, "--output", "json"];
     args.extend_from_slice(flags);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
         .args(&args)
-        .env("MLX_GEN_VERIFY_PAD", pad.to_string())
+        .envs(env.iter().copied())
         .output()
         .expect("spawn mlx-gen");
     assert!(out.status.success(), "mlx-gen {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
@@ -83,6 +88,17 @@ fn greedy_speculation_equals_plain_generation() {
             assert_eq!(padded["tokens"], plain["tokens"], "{name}, verification padded to {pad}: tokens differ from plain");
         }
     }
+    // Pipelined prompt-lookup rounds (each queued before the one in flight is read), every round
+    // speculative and with the fallback, also with padded verification.
+    for (name, flags) in cases.iter().filter(|(n, _)| n.contains("lookup")) {
+        for extra in [&["--always-speculate"][..], &[]] {
+            let flags = [&flags[..], extra].concat();
+            for env in [&[("MLX_GEN_SPEC_PIPELINE", "1")][..], &[("MLX_GEN_SPEC_PIPELINE", "1"), ("MLX_GEN_VERIFY_PAD", "8")]] {
+                let v = generate_env("llama3-f32", 128, &flags, env);
+                assert_eq!(v["tokens"], plain["tokens"], "{name} {extra:?} {env:?}: tokens differ from plain");
+            }
+        }
+    }
     // With penalties, prompt lookup keeps plain generation's whole token history.
     let pen = ["--repetition-penalty", "1.3", "--frequency-penalty", "0.2", "--frequency-context-size", "0"];
     let plain = generate("llama3-f32", 128, &pen);
@@ -109,6 +125,10 @@ fn max_tokens_is_exact_with_speculation() {
             assert_eq!(spec["tokens"], plain["tokens"], "max {max} {flags:?}");
             assert_eq!(count(&spec, "generation_tokens"), max as u64, "max {max} {flags:?}");
         }
+        let flags = ["--prompt-lookup", "1", "--always-speculate"];
+        let pipelined = generate_env("qwen3-f32", max, &flags, &[("MLX_GEN_SPEC_PIPELINE", "1")]);
+        assert_eq!(pipelined["tokens"], plain["tokens"], "max {max}, pipelined lookup");
+        assert_eq!(count(&pipelined, "generation_tokens"), max as u64, "max {max}, pipelined lookup");
     }
 }
 

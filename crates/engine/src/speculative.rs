@@ -26,6 +26,8 @@ use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
 use std::time::Instant;
 
+mod pipelined;
+
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {
     /// A (smaller) model with the target's vocabulary, and its cache (fresh or continued with the
@@ -50,11 +52,14 @@ pub struct SpeculativeConfig {
     /// MLX's CUDA backend a quantized matrix product of 2-7 rows costs several times one of 8
     /// (BENCHMARKS.md), so the GPU pads to 8; padding changes no token (causal attention).
     pub pad_verify: usize,
+    /// Greedy prompt lookup without logits processors queues each round before reading the one
+    /// in flight ([`pipelined`]). Off by default.
+    pub pipeline: bool,
 }
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_draft_tokens: 3, adaptive: false, fallback: true, pad_verify: 1 }
+        SpeculativeConfig { num_draft_tokens: 3, adaptive: false, fallback: true, pad_verify: 1, pipeline: false }
     }
 }
 
@@ -82,6 +87,8 @@ pub struct SpecStats {
     /// Tokens from plain decoding while speculation did not pay, and the number of such stretches.
     pub plain_tokens: usize,
     pub fallbacks: usize,
+    /// Pipelined rounds queued and then given up (the round before them rejected a draft).
+    pub discarded: usize,
 }
 
 impl SpecStats {
@@ -264,6 +271,11 @@ pub struct SpeculativeGenerator<'m> {
     pace: Option<Pace>,
     plain_pending: Option<(Array, Array)>,
     trace: Option<Trace>,
+    /// Prompt-lookup rounds are pipelined (see [`pipelined`]), and the round in flight.
+    pipelined: bool,
+    inflight: Option<pipelined::Inflight>,
+    /// Whether the last pipelined round accepted all its drafts (then the next is queued early).
+    all_accepted: bool,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -335,7 +347,9 @@ impl<'m> SpeculativeGenerator<'m> {
         let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
         let k = spec.num_draft_tokens;
         let config_max = config.max_tokens;
-        let pace = (spec.fallback && config.sampler.is_greedy() && processors.is_empty()).then(Pace::new);
+        let exact_anyway = config.sampler.is_greedy() && processors.is_empty();
+        let pace = (spec.fallback && exact_anyway).then(Pace::new);
+        let pipelined = exact_anyway && spec.pipeline && matches!(draft, Draft::PromptLookup { .. });
         let trace = std::env::var_os("MLX_GEN_TRACE").map(|_| Trace::default());
         Ok(SpeculativeGenerator {
             model,
@@ -357,6 +371,9 @@ impl<'m> SpeculativeGenerator<'m> {
             pace,
             plain_pending: None,
             trace,
+            pipelined,
+            inflight: None,
+            all_accepted: true,
         })
     }
 
@@ -447,36 +464,73 @@ impl<'m> SpeculativeGenerator<'m> {
         } else {
             None
         };
-        let mut parts = vec![Array::from_slice(&self.y, &[self.y.len() as i32])?];
-        parts.extend(draft_tokens);
-        // Padding (repeats of the pending token) up to the next multiple of pad_verify positions.
-        let real = self.y.len() + num_draft;
-        let pad = if num_draft > 0 && self.pad_verify > 1 { real.next_multiple_of(self.pad_verify) - real } else { 0 };
-        if pad > 0 {
-            parts.push(Array::from_slice(&vec![self.y[0]; pad], &[pad as i32])?);
-        }
-        let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
-        let (tokens, logprobs) = step_padded(
-            self.model,
-            &mut self.cache,
-            &input,
-            pad as i32,
-            num_draft as i32 + 1,
-            &self.config,
-            &mut self.history,
-        )?;
-        mlx::eval(&[&tokens, &input])?;
-        let tokens: Vec<u32> = tokens.to_vec()?;
-        let drafted: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
-        let drafted = &drafted[self.y.len()..real];
+        let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+        let draft = match (draft_tokens.is_empty(), &lookup) {
+            (true, _) => None,
+            (false, Some(found)) => Some(Array::from_slice(found, &[found.len() as i32])?),
+            (false, None) => Some(ops::concatenate(&draft_tokens.iter().collect::<Vec<_>>(), 0)?),
+        };
+        let v = self.queue_verify(&y, draft.as_ref(), num_draft)?;
+        mlx::eval(&[&v.tokens, &v.input])?;
+        let tokens: Vec<u32> = v.tokens.to_vec()?;
+        let drafted: Vec<u32> = v.input.astype(Dtype::U32)?.to_vec()?;
+        let drafted = &drafted[self.y.len()..self.y.len() + num_draft];
         let t_verify = Instant::now();
-        self.stats.proposed += num_draft;
-        self.stats.rounds += 1;
         let before = self.ntoks;
+        let n = self.accept(&tokens, drafted, &v.logprobs)?;
+        self.y = vec![tokens[n]];
+        self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
+            // The last draft token has not been through the draft model yet.
+            vec![drafted[num_draft - 1], tokens[n]]
+        } else {
+            vec![tokens[n]]
+        };
+        // The history keeps the accepted tokens (mlx-lm drops at least one: the draft model
+        // appends its two-token input again).
+        let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
+        self.history.drop_last(extra)?;
+        self.history.cut_front()?;
+        trim_prompt_cache(&mut self.cache, (num_draft - n) as i32)?;
+        if let Draft::Model { cache, .. } = &mut self.draft {
+            trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
+        }
+        let end = Instant::now();
+        if let Some(t) = self.trace.as_mut() {
+            let drafted_at = t_draft.unwrap_or(t0);
+            t.draft_s += (drafted_at - t0).as_secs_f64();
+            t.verify_s += (t_verify - drafted_at).as_secs_f64();
+            t.host_s += (end - t_verify).as_secs_f64();
+        }
+        self.finish_round(num_draft, n, self.ntoks - before, t0);
+        Ok(())
+    }
 
+    /// Queues the target's verification of `draft` (num_draft,) after the pending input `y` (L,):
+    /// the forward pass, padded to a multiple of `pad_verify` positions (repeats of `y`'s first
+    /// token, trimmed from the cache at once), and the sampling of its last num_draft + 1 positions.
+    fn queue_verify(&mut self, y: &Array, draft: Option<&Array>, num_draft: usize) -> Result<Verify> {
+        let real = y.dim(0) as usize + num_draft;
+        let pad = if num_draft > 0 && self.pad_verify > 1 { real.next_multiple_of(self.pad_verify) - real } else { 0 };
+        let mut parts = vec![y.clone()];
+        parts.extend(draft.cloned());
+        if pad > 0 {
+            let first = y.slice_axis(0, 0, 1)?;
+            parts.extend(std::iter::repeat_n(first, pad));
+        }
+        let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?; // (real + pad,)
+        let (tokens, logprobs) =
+            step_padded(self.model, &mut self.cache, &input, pad as i32, num_draft as i32 + 1, &self.config, &mut self.history)?;
+        trim_prompt_cache(&mut self.cache, pad as i32)?;
+        Ok(Verify { tokens, logprobs, input, real })
+    }
+
+    /// Hands out the drafts the target's `tokens` (num_draft + 1,) agree with, then the target's
+    /// own token (up to max_tokens); returns how many drafts were accepted.
+    fn accept(&mut self, tokens: &[u32], drafted: &[u32], logprobs: &Array) -> Result<usize> {
+        let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let row = |i: usize| -> Result<Array> { Ok(logprobs.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?) };
         let mut n = 0;
-        while n < num_draft && tokens[n] == drafted[n] {
+        while n < drafted.len() && tokens[n] == drafted[n] {
             self.ready.push_back(SpecToken { token: tokens[n], logprobs: row(n)?, from_draft: true });
             n += 1;
             self.ntoks += 1;
@@ -491,46 +545,37 @@ impl<'m> SpeculativeGenerator<'m> {
         if self.ntoks == max {
             self.done = true;
         }
-        if lookup.is_some() {
+        if matches!(self.draft, Draft::PromptLookup { .. }) {
             self.seq.extend_from_slice(&tokens[..=n]);
         }
-        self.y = vec![tokens[n]];
-        self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
-            // The last draft token has not been through the draft model yet.
-            vec![drafted[num_draft - 1], tokens[n]]
-        } else {
-            vec![tokens[n]]
-        };
-        // The history keeps the accepted tokens (mlx-lm drops at least one: the draft model
-        // appends its two-token input again).
-        let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
-        self.history.drop_last(extra)?;
-        self.history.cut_front()?;
-        trim_prompt_cache(&mut self.cache, (num_draft - n + pad) as i32)?;
-        if let Draft::Model { cache, .. } = &mut self.draft {
-            trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
-        }
+        Ok(n)
+    }
+
+    /// A round's bookkeeping: the adaptive draft length, statistics, the fallback's measurement.
+    fn finish_round(&mut self, num_draft: usize, accepted: usize, handed: usize, t0: Instant) {
+        self.stats.proposed += num_draft;
+        self.stats.rounds += 1;
         if self.adaptive && num_draft > 0 {
-            self.k = if n == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
+            self.k = if accepted == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
         }
         if self.stats.rounds.is_multiple_of(256) {
             mlx::runtime::clear_cache();
         }
-        let handed = self.ntoks - before;
         self.stats.round_tokens += handed;
-        let end = Instant::now();
-        self.stats.round_s += (end - t0).as_secs_f64();
-        if let Some(t) = self.trace.as_mut() {
-            let drafted_at = t_draft.unwrap_or(t0);
-            t.draft_s += (drafted_at - t0).as_secs_f64();
-            t.verify_s += (t_verify - drafted_at).as_secs_f64();
-            t.host_s += (end - t_verify).as_secs_f64();
-        }
+        self.stats.round_s += t0.elapsed().as_secs_f64();
         if let Some(p) = self.pace.as_mut() {
             p.round(handed);
         }
-        Ok(())
     }
+}
+
+/// A queued verification: its sampled tokens (num_draft + 1,) and log-probabilities
+/// (num_draft + 1, vocab), its input (real + padding,), and the positions it added to the cache.
+struct Verify {
+    tokens: Array,
+    logprobs: Array,
+    input: Array,
+    real: usize,
 }
 
 impl Iterator for SpeculativeGenerator<'_> {
@@ -539,7 +584,11 @@ impl Iterator for SpeculativeGenerator<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         if self.ready.is_empty() && !self.done {
             let plain = self.plain_pending.is_some() || self.pace.as_ref().is_some_and(|p| matches!(p.phase(), Phase::Plain { .. }));
-            let r = if plain { self.plain_next() } else { self.round() };
+            let r = match (&self.draft, plain) {
+                (_, true) => self.plain_next(),
+                (Draft::PromptLookup { ngram }, false) if self.pipelined => self.lookup_round_pipelined(*ngram),
+                _ => self.round(),
+            };
             if let Err(e) = r {
                 self.done = true;
                 return Some(Err(e));

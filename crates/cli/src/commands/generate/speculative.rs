@@ -57,6 +57,9 @@ impl SpecArgs {
             adaptive: self.adaptive_draft,
             fallback: !self.always_speculate,
             pad_verify: verify_padding()?,
+            // MLX_GEN_SPEC_PIPELINE=1: queue each prompt-lookup round before reading the one in
+            // flight. Off until measured on the GPU: on the CPU it loses (BENCHMARKS.md).
+            pipeline: std::env::var_os("MLX_GEN_SPEC_PIPELINE").is_some_and(|v| v == "1"),
         };
         let drafter = match (draft, self.prompt_lookup) {
             (Some(d), _) => Draft::Model { model: d.model.as_ref(), cache: d.model.make_cache() },
