@@ -1,6 +1,7 @@
 //! The model trait and the registry from config.json's `model_type` to an architecture file.
 pub mod deepseek_v2;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 mod hf_quant;
 pub mod llama;
 pub mod mistral4;
@@ -109,6 +110,7 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", qwen3::load),
     ("deepseek_v2", deepseek_v2::load),
     ("deepseek_v3", deepseek_v3::load),
+    ("deepseek_v32", deepseek_v32::load),
     ("qwen2_moe", qwen2_moe::load),
     ("qwen3_moe", qwen3_moe::load),
     ("mixtral", mixtral::load),
@@ -179,6 +181,15 @@ pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpe
 pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
     if model_type == "mistral3" {
         mistral3::update_config(config);
+    }
+}
+
+/// How many randomly initialised modules `model_type`'s mlx-lm class makes for the checkpoint
+/// tensor `{base}.weight` (one, unless the architecture says otherwise; see `sample::seed`).
+pub fn init_modules(model_type: &str, base: &str) -> usize {
+    match model_type {
+        "deepseek_v3" | "deepseek_v32" => deepseek_v3::init_modules(base),
+        _ => 1,
     }
 }
 

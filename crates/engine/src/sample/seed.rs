@@ -79,6 +79,7 @@ fn read_header(path: &Path) -> std::result::Result<Vec<u8>, String> {
 pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize> {
     let shapes = tensor_shapes(dir)?;
     let tied = config.get("tie_word_embeddings").and_then(|v| v.as_bool()) == Some(true);
+    let model_type = config.get("model_type").and_then(|v| v.as_str()).unwrap_or_default();
     let mut draws = 0;
     for (name, shape) in &shapes {
         let Some(base) = name.strip_suffix(".weight") else { continue };
@@ -89,7 +90,8 @@ pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize
         if shape.len() != 2 && !quantized {
             continue; // norms and other vectors: initialised with ones/zeros
         }
-        draws += 1 + usize::from(quantized) + usize::from(shapes.contains_key(&format!("{base}.bias")));
+        let per_module = 1 + usize::from(quantized) + usize::from(shapes.contains_key(&format!("{base}.bias")));
+        draws += crate::models::init_modules(model_type, base) * per_module;
     }
     Ok(draws)
 }

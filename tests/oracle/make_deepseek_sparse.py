@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Builds tiny random DeepSeek sparse-attention (deepseek_v32) test models for the mlx-gen oracle
+tests (crates/cli/tests/deepseek_sparse.rs).
+
+Usage: make_deepseek_sparse.py OUTDIR
+
+deepseek_v32: DeepSeek-V3's MLA and experts (layer 0 dense, then MoE layers: 8 routed experts in 2
+groups, top-2, a shared expert) with the lightning indexer, whose `index_topk` (16, or 8) is below
+the prompt lengths and the 64 generated tokens, so that prefill and decode both attend sparsely.
+Float variants are written Hugging Face style (one tensor per expert, `kv_b_proj`); from the main one
+mlx-lm's own `mlx_lm.convert` makes a 4-bit group-32 float32 folder and a mixed one (layer 1's MLP
+at 8 bits: per-layer overrides in config.json). One checkpoint as DeepSeek publishes V3.2: FP8
+(`F8_E4M3`) projections, the indexer's included, with float32 128x128 `weight_scale_inv` block
+scales, plus a multi-token-prediction layer (index num_hidden_layers) that sanitize drops.
+Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from make_deepseek import save_raw, to_fp8_blocks  # noqa: E402
+from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+
+HIDDEN, INTER, MOE_INTER, HEADS, LAYERS = 64, 96, 32, 4, 3
+KV_LORA, NOPE, ROPE, VHEAD, Q_LORA = 32, 32, 32, 32, 32
+INDEX_HEADS, INDEX_DIM = 4, 64
+
+V32 = [
+    # YaRN rope, the indexer's rope not interleaved (the default), top-16 keys.
+    dict(name="dsv32-f32", topk=16, interleave=False, yarn=True),
+    # Plain rope, the indexer's rope interleaved, top-8 keys.
+    dict(name="dsv32-interleave-f32", topk=8, interleave=True, yarn=False),
+]
+FP8 = dict(name="dsv32-fp8", topk=16, interleave=False, yarn=True)
+
+
+def v32_config(v, vocab_size, ids):
+    cfg = {
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "vocab_size": vocab_size,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "moe_intermediate_size": MOE_INTER,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS,
+        "n_shared_experts": 1,
+        "n_routed_experts": 8,
+        "routed_scaling_factor": 2.5,
+        "kv_lora_rank": KV_LORA,
+        "q_lora_rank": Q_LORA,
+        "qk_rope_head_dim": ROPE,
+        "v_head_dim": VHEAD,
+        "qk_nope_head_dim": NOPE,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "n_group": 2,
+        "topk_group": 1,
+        "num_experts_per_tok": 2,
+        "moe_layer_freq": 1,
+        "first_k_dense_replace": 1,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "index_head_dim": INDEX_DIM,
+        "index_n_heads": INDEX_HEADS,
+        "index_topk": v["topk"],
+        "indexer_rope_interleave": v["interleave"],
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": ids["bos"],
+        "eos_token_id": ids["eos"],
+    }
+    if v["yarn"]:
+        cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    return cfg
+
+
+def v32_weights(v, cfg, real_vocab, mtp=False):
+    rng = np.random.RandomState(zlib.crc32(v["name"].encode()) & 0x7FFFFFFF)
+    V, H = cfg["vocab_size"], HIDDEN
+
+    def lin(out_dim, in_dim, gain=1.0):
+        return (rng.standard_normal((out_dim, in_dim)) * gain / np.sqrt(in_dim)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    def mlp(p, inter):
+        w[p + "gate_proj.weight"] = lin(inter, H, 1.5)
+        w[p + "up_proj.weight"] = lin(inter, H, 1.5)
+        w[p + "down_proj.weight"] = lin(H, inter, 1.5)
+
+    w = {}
+    emb = (rng.standard_normal((V, H)) * 0.5).astype(np.float32)
+    emb[real_vocab:] = 0.0
+    w["model.embed_tokens.weight"] = emb
+    for l in range(LAYERS + (1 if mtp else 0)):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = norm(H)
+        w[p + "post_attention_layernorm.weight"] = norm(H)
+        a = p + "self_attn."
+        w[a + "q_a_proj.weight"] = lin(Q_LORA, H, 1.5)
+        w[a + "q_a_layernorm.weight"] = norm(Q_LORA)
+        w[a + "q_b_proj.weight"] = lin(HEADS * (NOPE + ROPE), Q_LORA, 2.0)
+        w[a + "kv_a_proj_with_mqa.weight"] = lin(KV_LORA + ROPE, H, 2.0)
+        w[a + "kv_a_layernorm.weight"] = norm(KV_LORA)
+        w[a + "kv_b_proj.weight"] = lin(HEADS * (NOPE + VHEAD), KV_LORA, 2.0)
+        w[a + "o_proj.weight"] = lin(H, HEADS * VHEAD, 1.5)
+        i = a + "indexer."
+        w[i + "wq_b.weight"] = lin(INDEX_HEADS * INDEX_DIM, Q_LORA, 2.0)
+        w[i + "wk.weight"] = lin(INDEX_DIM, H, 2.0)
+        w[i + "k_norm.weight"] = norm(INDEX_DIM)
+        w[i + "k_norm.bias"] = (0.1 * rng.standard_normal(INDEX_DIM)).astype(np.float32)
+        w[i + "weights_proj.weight"] = lin(INDEX_HEADS, H, 2.0)
+        if l < cfg["first_k_dense_replace"]:
+            mlp(p + "mlp.", INTER)
+            continue
+        w[p + "mlp.gate.weight"] = lin(8, H, 3.0)
+        w[p + "mlp.gate.e_score_correction_bias"] = (0.1 * rng.standard_normal(8)).astype(np.float32)
+        for e in range(8):
+            mlp(p + f"mlp.experts.{e}.", MOE_INTER)
+        mlp(p + "mlp.shared_experts.", MOE_INTER)
+    w["model.norm.weight"] = norm(H)
+    head = (rng.standard_normal((V, H)) * 0.5).astype(np.float32)
+    head[real_vocab:] = 0.0
+    w["lm_head.weight"] = head
+    return w
+
+
+def is_fp8_projection(name):
+    """The Linear weights DeepSeek publishes in FP8: attention (the indexer's wq_b and wk too) and MLP
+    projections, not the router, the norms, the indexer's head weights, the embedding or the head."""
+    proj = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b", "wk",
+            "gate_proj", "up_proj", "down_proj")
+    return name.endswith(".weight") and name.split(".")[-2] in proj
+
+
+def mixed_predicate(path, module):
+    if ".layers.1.mlp." in path:
+        return {"group_size": 32, "bits": 8, "mode": "affine"}
+    return True
+
+
+def copy_tokenizer(tokdir, d):
+    for f in tokdir.iterdir():
+        shutil.copy(f, d / f.name)
+
+
+def fresh(d):
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    args = ap.parse_args()
+
+    import mlx.core as mx
+    from mlx_lm import convert
+
+    mx.set_default_device(mx.cpu)
+    outdir = Path(args.outdir).resolve()
+    outdir.mkdir(parents=True, exist_ok=True)
+    tokdir = outdir / "_tokenizer"
+    if tokdir.exists():
+        shutil.rmtree(tokdir)
+    make_tokenizer(tokdir, "bpe")
+    tok_size, ids = tokenizer_info(tokdir)
+    vocab = (tok_size + 63) // 64 * 64
+    info = {}
+    for v in V32:
+        d = fresh(outdir / v["name"])
+        cfg = v32_config(v, vocab, ids)
+        (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        copy_tokenizer(tokdir, d)
+        arrays = {k: mx.array(x) for k, x in v32_weights(v, cfg, tok_size).items()}
+        mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+        info[v["name"]] = dict(kind="float", arch="deepseek_v32", dtype="float32")
+    src = outdir / "dsv32-f32"
+    for name, pred in [("dsv32-q4g32", None), ("dsv32-mixed", mixed_predicate)]:
+        if (outdir / name).exists():
+            shutil.rmtree(outdir / name)
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert(str(src), str(outdir / name), quantize=True, q_bits=4, q_group_size=32, dtype="float32",
+                    quant_predicate=pred)
+        info[name] = dict(kind="quantized", arch="deepseek_v32", dtype="float32", bits=4, group_size=32,
+                          src="dsv32-f32")
+
+    d = fresh(outdir / FP8["name"])
+    cfg = v32_config(FP8, vocab, ids)
+    tensors = {}
+    for k, w in v32_weights(FP8, cfg, tok_size, mtp=True).items():
+        if is_fp8_projection(k):
+            q, s = to_fp8_blocks(w)
+            tensors[k] = (q, "F8_E4M3")
+            tensors[k + "_scale_inv"] = (s, "F32")
+        else:
+            tensors[k] = (w, "F32")
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                  "weight_block_size": [128, 128]}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    copy_tokenizer(tokdir, d)
+    save_raw(d / "model.safetensors", tensors)
+    info[FP8["name"]] = dict(kind="fp8", arch="deepseek_v32", dtype="float32")
+
+    shutil.rmtree(tokdir)
+    for name in sorted(info):
+        print(name)
+    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
