@@ -8,8 +8,9 @@ deepseek_v32: DeepSeek-V3's MLA and experts (layer 0 dense, then MoE layers: 8 r
 groups, top-2, a shared expert) with the lightning indexer, whose `index_topk` (16, or 8) is below
 the prompt lengths and the 64 generated tokens, so that prefill and decode both attend sparsely.
 Float variants are written Hugging Face style (one tensor per expert, `kv_b_proj`); from the main one
-mlx-lm's own `mlx_lm.convert` makes a 4-bit group-32 float32 folder and a mixed one (layer 1's MLP
-at 8 bits: per-layer overrides in config.json). One checkpoint as DeepSeek publishes V3.2: FP8
+mlx-lm's own `mlx_lm.convert` makes 4-bit group-32 float32 and bfloat16 folders (the router bias
+kept float32 by its cast_predicate) and a mixed one (layer 1's MLP at 8 bits: per-layer overrides
+in config.json). One checkpoint as DeepSeek publishes V3.2: FP8
 (`F8_E4M3`) projections, the indexer's included, with float32 128x128 `weight_scale_inv` block
 scales, plus a multi-token-prediction layer (index num_hidden_layers) that sanitize drops.
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
@@ -198,14 +199,15 @@ def main():
         mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
         info[v["name"]] = dict(kind="float", arch="deepseek_v32", dtype="float32")
     src = outdir / "dsv32-f32"
-    for name, pred in [("dsv32-q4g32", None), ("dsv32-mixed", mixed_predicate)]:
+    for name, dtype, pred in [("dsv32-q4g32", "float32", None), ("dsv32-q4g32-bf16", "bfloat16", None),
+                              ("dsv32-mixed", "float32", mixed_predicate)]:
         if (outdir / name).exists():
             shutil.rmtree(outdir / name)
         with contextlib.redirect_stdout(io.StringIO()):
-            convert(str(src), str(outdir / name), quantize=True, q_bits=4, q_group_size=32, dtype="float32",
+            convert(str(src), str(outdir / name), quantize=True, q_bits=4, q_group_size=32, dtype=dtype,
                     quant_predicate=pred)
-        info[name] = dict(kind="quantized", arch="deepseek_v32", dtype="float32", bits=4, group_size=32,
-                          src="dsv32-f32")
+        info[name] = dict(kind="mixed" if pred else "quantized", arch="deepseek_v32", dtype=dtype, bits=4,
+                          group_size=32, src="dsv32-f32")
 
     d = fresh(outdir / FP8["name"])
     cfg = v32_config(FP8, vocab, ids)

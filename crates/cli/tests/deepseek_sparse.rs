@@ -1,10 +1,12 @@
 //! Oracle tests for DeepSeek sparse attention, `deepseek_v32` (tests/oracle/make_deepseek_sparse.py:
 //! tiny random models whose indexer keeps fewer keys than the prompts and generations hold, float32,
-//! mlx-lm's 4-bit and mixed-precision conversions, and FP8 as published): `mlx-gen generate` gives
-//! Python mlx-lm 0.32.2's greedy tokens and text (64 tokens) and prompt logits within 1e-5; seeded
+//! mlx-lm's 4-bit (float32, bfloat16) and mixed-precision conversions, and FP8 as published):
+//! `mlx-gen generate` gives Python mlx-lm 0.32.2's greedy tokens and text (64 tokens) and prompt
+//! logits within 1e-5 (float32; 1e-2 x the logit range for bfloat16); seeded
 //! sampling gives mlx-lm's tokens and log-probabilities; the layer caches (latent KV + indexer keys,
 //! mlx-lm's `CacheList`) continue across prompt-cache files both ways, across chat turns, and under
-//! speculative decoding; tensor and pipeline parallel on 2 ranks equal one process.
+//! speculative decoding; tensor and pipeline parallel on 2 ranks equal one process; `mlx-gen convert`
+//! equals `mlx_lm.convert`.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -17,7 +19,7 @@ const MAX_TOKENS: usize = 64;
 /// With the template's default system prompt: 47 tokens, above every variant's index_topk.
 const CHAT_PROMPT: &str = "Hello, how are you?";
 const RAW_PROMPT: &str = "The capital of France is";
-const VARIANTS: &[&str] = &["dsv32-f32", "dsv32-fp8", "dsv32-interleave-f32", "dsv32-mixed", "dsv32-q4g32"];
+const VARIANTS: &[&str] = &["dsv32-f32", "dsv32-fp8", "dsv32-interleave-f32", "dsv32-mixed", "dsv32-q4g32", "dsv32-q4g32-bf16"];
 
 fn info() -> Value {
     let path = common::deepseek_sparse_models_dir().join("variants.json");
@@ -53,6 +55,25 @@ fn deepseek_v32() {
         let topk = config(v)["index_topk"].as_u64().unwrap() as usize;
         assert!(n > topk, "{v}: the prompt ({n} tokens) must be longer than index_topk {topk}");
         common::check_against_reference(&model(v), f32, RAW_PROMPT, true, MAX_TOKENS);
+    }
+}
+
+/// `mlx-gen convert -q` of the float folder equals `mlx_lm.convert -q`'s, tensor for tensor (experts
+/// stacked, kv_b_proj split, the router unquantized and its bias kept in float32).
+#[test]
+fn convert_equals_mlx_lm() {
+    let info = info();
+    for v in VARIANTS.iter().filter(|v| info[**v]["kind"] == "quantized") {
+        let src = model(info[*v]["src"].as_str().unwrap());
+        let ours = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv32-convert-{v}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&ours);
+        let args = ["convert", "--model", src.to_str().unwrap(), "--mlx-path", ours.to_str().unwrap()];
+        let dtype = info[*v]["dtype"].as_str().unwrap();
+        let o = common::mlx_gen(&[&args[..], &["-q", "--q-group-size", "32", "--dtype", dtype]].concat(), None);
+        assert!(o.status.success(), "{v}: mlx-gen convert failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        common::assert_same_model_folder(&ours, &model(v));
+        let _ = std::fs::remove_dir_all(&ours);
+        eprintln!("{v}: mlx-gen convert equals mlx_lm.convert");
     }
 }
 

@@ -173,17 +173,18 @@ fn not_its_cache() -> EngineError {
     EngineError::Invalid("deepseek_v32 attention needs its own cache list (latent KV cache + indexer keys)".into())
 }
 
-/// mlx-lm's `sanitize`: the multi-token-prediction layers (index >= num_hidden_layers) dropped,
-/// FP8 weights with 128x128 `weight_scale_inv` blocks dequantized to bfloat16, experts stacked,
-/// `kv_b_proj` split into `embed_q` / `unembed_out`.
-fn sanitize(c: &V2Config, weights: &mut Weights) -> Result<()> {
+/// mlx-lm's `sanitize` (also `mlx-gen convert`'s): the multi-token-prediction layers (index >=
+/// num_hidden_layers) dropped, FP8 weights with 128x128 `weight_scale_inv` blocks dequantized to
+/// bfloat16, experts stacked, `kv_b_proj` split into `embed_q` / `unembed_out`.
+pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()> {
+    let (c, _) = v3::parse_v3(config, defaults())?;
     let n = i64::from(c.num_hidden_layers);
     weights.drop_where(|k| {
         let parts: Vec<&str> = k.split('.').collect();
         parts.len() >= 3 && parts[1] == "layers" && parts[2].parse::<i64>().is_ok_and(|i| i >= n)
     });
     super::hf_quant::dequantize_fp8(weights)?;
-    let spec = mla_spec(c);
+    let spec = mla_spec(&c);
     for i in 0..c.num_hidden_layers {
         stack_experts(weights, &format!("model.layers.{i}.mlp"), c.n_routed_experts.unwrap_or(0))?;
         v3::split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &spec)?;
@@ -201,7 +202,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
             ic.index_topk, ic.index_n_heads, ic.index_head_dim, c.qk_rope_head_dim
         )));
     }
-    sanitize(&c, weights)?;
+    sanitize(config, weights)?;
     let spec = mla_spec(&c);
     v3::load_as(&c, &r, weights, q, |a, rope, scale| {
         Ok(Attention { mla: v3::Attention::load(a, &c, &spec, rope, scale, q)?, indexer: Indexer::load(&a.pp("indexer"), &c, &ic, q_lora, q)? })

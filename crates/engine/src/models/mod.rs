@@ -131,6 +131,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "qwen3_moe" => Some(qwen3_moe::sanitize),
         "mixtral" => Some(mixtral::sanitize),
         "mistral4" => Some(mistral4::sanitize),
+        "deepseek_v32" => Some(deepseek_v32::sanitize),
         _ => None,
     };
     if let Some(f) = own {
@@ -151,7 +152,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, ministral3, mistral3, llama4, llama4_text".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, deepseek_v32, ministral3, mistral3, llama4, llama4_text".into(),
             })
         }
     };
@@ -174,6 +175,18 @@ pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpe
         "qwen3_moe" => qwen3_moe::quant_override(path),
         _ => None,
     }
+}
+
+/// Whether mlx-lm quantizes `model_type`'s `{layer}.weight` when converting: not DeepSeek's router
+/// (`MoEGate` holds a plain matrix, not a Linear).
+pub fn quantizable(model_type: &str, layer: &str) -> bool {
+    !(matches!(model_type, "deepseek_v32") && layer.ends_with(".mlp.gate"))
+}
+
+/// Whether `model_type`'s mlx-lm class keeps the parameter `name` in its own dtype when
+/// converting (its `cast_predicate` says no cast), e.g. DeepSeek's float32 router bias.
+pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
+    matches!(model_type, "deepseek_v32") && name.contains("e_score_correction_bias")
 }
 
 /// What `model_type`'s mlx-lm config class writes into the config dict itself, so that
