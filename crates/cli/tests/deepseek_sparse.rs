@@ -1,12 +1,14 @@
-//! Oracle tests for DeepSeek sparse attention, `deepseek_v32` (tests/oracle/make_deepseek_sparse.py:
-//! tiny random models whose indexer keeps fewer keys than the prompts and generations hold, float32,
-//! mlx-lm's 4-bit (float32, bfloat16) and mixed-precision conversions, and FP8 as published):
+//! Oracle tests for DeepSeek sparse attention, `deepseek_v32` and `deepseek_v41`
+//! (tests/oracle/make_deepseek_sparse.py: tiny random models whose indexer keeps fewer keys or
+//! groups than the prompts and generations hold; V3.2 in float32, mlx-lm's 4-bit (float32,
+//! bfloat16) and mixed-precision conversions and FP8 as published; V4.1 in float32, 4-bit, and as
+//! published: DeepSeek's names, FP8 / FP4 weights kept packed as mxfp8 / mxfp4):
 //! `mlx-gen generate` gives Python mlx-lm 0.32.2's greedy tokens and text (64 tokens) and prompt
-//! logits within 1e-5 (float32; 1e-2 x the logit range for bfloat16); seeded
-//! sampling gives mlx-lm's tokens and log-probabilities; the layer caches (latent KV + indexer keys,
-//! mlx-lm's `CacheList`) continue across prompt-cache files both ways, across chat turns, and under
-//! speculative decoding; tensor and pipeline parallel on 2 ranks equal one process; `mlx-gen convert`
-//! equals `mlx_lm.convert`.
+//! logits within 1e-5 (float32; 1e-2 x the logit range for bfloat16); seeded sampling gives
+//! mlx-lm's tokens and log-probabilities. V3.2's layer caches (latent KV + indexer keys, mlx-lm's
+//! `CacheList`) continue across prompt-cache files both ways, chat turns and speculative decoding;
+//! tensor and pipeline parallel on 2 ranks equal one process; `mlx-gen convert` equals
+//! `mlx_lm.convert`. V4.1's untrimmable layer caches refuse prompt files and speculation, as mlx-lm.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -19,7 +21,18 @@ const MAX_TOKENS: usize = 64;
 /// With the template's default system prompt: 47 tokens, above every variant's index_topk.
 const CHAT_PROMPT: &str = "Hello, how are you?";
 const RAW_PROMPT: &str = "The capital of France is";
-const VARIANTS: &[&str] = &["dsv32-f32", "dsv32-fp8", "dsv32-interleave-f32", "dsv32-mixed", "dsv32-q4g32", "dsv32-q4g32-bf16"];
+const VARIANTS: &[&str] = &[
+    "dsv32-f32",
+    "dsv32-fp8",
+    "dsv32-interleave-f32",
+    "dsv32-mixed",
+    "dsv32-q4g32",
+    "dsv32-q4g32-bf16",
+    "dsv41-f32",
+    "dsv41-fp8",
+    "dsv41-q4g32",
+    "dsv41-sigmoid-f32",
+];
 
 fn info() -> Value {
     let path = common::deepseek_sparse_models_dir().join("variants.json");
@@ -49,7 +62,7 @@ fn variants_are_covered() {
 #[test]
 fn deepseek_v32() {
     let info = info();
-    for v in VARIANTS {
+    for v in VARIANTS.iter().filter(|v| v.starts_with("dsv32")) {
         let f32 = info[v]["dtype"] == "float32";
         let n = common::check_against_reference(&model(v), f32, CHAT_PROMPT, false, MAX_TOKENS);
         let topk = config(v)["index_topk"].as_u64().unwrap() as usize;
@@ -58,8 +71,9 @@ fn deepseek_v32() {
     }
 }
 
-/// `mlx-gen convert -q` of the float folder equals `mlx_lm.convert -q`'s, tensor for tensor (experts
-/// stacked, kv_b_proj split, the router unquantized and its bias kept in float32).
+/// `mlx-gen convert -q` of the float folder equals `mlx_lm.convert -q`'s, tensor for tensor (V3.2:
+/// experts stacked, kv_b_proj split; both: the router unquantized, what the cast_predicate names
+/// kept in its dtype).
 #[test]
 fn convert_equals_mlx_lm() {
     let info = info();
@@ -75,6 +89,38 @@ fn convert_equals_mlx_lm() {
         let _ = std::fs::remove_dir_all(&ours);
         eprintln!("{v}: mlx-gen convert equals mlx_lm.convert");
     }
+}
+
+/// Hyper-connections, the window, the compressor and the indexer: 64 greedy tokens and the prompt
+/// logits as mlx-lm's, the prompts longer than the window and holding more groups than index_topk.
+#[test]
+fn deepseek_v41() {
+    for v in VARIANTS.iter().filter(|v| v.starts_with("dsv41")) {
+        let n = common::check_against_reference(&model(v), true, CHAT_PROMPT, false, MAX_TOKENS);
+        let text = &config(v)["text_config"];
+        let (window, topk) = (text["sliding_window"].as_u64().unwrap() as usize, text["index_topk"].as_u64().unwrap() as usize);
+        assert!(n > window && n / 4 > topk, "{v}: the prompt ({n} tokens) must pass the window {window} and hold over {topk} groups");
+        common::check_against_reference(&model(v), true, RAW_PROMPT, true, MAX_TOKENS);
+    }
+}
+
+/// What mlx-lm cannot do with deepseek_v41's layer caches fails with one clear line: a prompt-cache
+/// file (mlx-lm cannot load a `LayerCache`) and speculative decoding (the cache cannot be trimmed).
+#[test]
+fn deepseek_v41_refuses_what_its_cache_cannot_do() {
+    let dir = model("dsv41-f32");
+    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv41-{}.safetensors", std::process::id()));
+    let m = dir.to_str().unwrap();
+    let cases: [(&[&str], &str); 2] = [
+        (&["cache-prompt", "--model", m, "--prompt", "hi", "--prompt-cache-file", file.to_str().unwrap()], "cannot be saved"),
+        (&["generate", "--model", m, "--prompt", "hi", "--prompt-lookup", "2", "--max-tokens", "4"], "trimmable"),
+    ];
+    for (args, needle) in cases {
+        let o = common::mlx_gen(args, None);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    assert!(!file.exists(), "no file is left behind");
 }
 
 fn config(v: &str) -> Value {
@@ -107,7 +153,7 @@ fn sparsity_changes_the_tokens() {
 fn seeded_sampling_matches_mlx_lm() {
     let mut cases = Vec::new();
     let mut runs = Vec::new();
-    for (v, seed) in [("dsv32-f32", 7), ("dsv32-q4g32", 11), ("dsv32-interleave-f32", 3)] {
+    for (v, seed) in [("dsv32-f32", 7), ("dsv32-q4g32", 11), ("dsv32-interleave-f32", 3), ("dsv41-f32", 5), ("dsv41-q4g32", 2)] {
         let sampler = serde_json::json!({"temp": 0.9, "top_p": 0.95, "top_k": 40});
         cases.push(serde_json::json!({"model": model(v), "prompt": CHAT_PROMPT, "max_tokens": MAX_TOKENS, "seed": seed,
             "top_logprobs": 0, "sampler": sampler, "processors": {}}));
@@ -205,4 +251,12 @@ fn tp2_deepseek_v32_matches_single_process() {
 #[test]
 fn pp2_deepseek_v32_matches_single_process() {
     dist::sharded_matches_single(&model("dsv32-interleave-f32"), dist::Split::Pipeline);
+}
+
+/// deepseek_v41: the query heads, whole output groups and their sinks, every expert's hidden
+/// units split over 2 ranks (the window, compressor, indexer and hyper-connections whole), as
+/// mlx-lm's `shard`.
+#[test]
+fn tp2_deepseek_v41_matches_single_process() {
+    dist::sharded_matches_single(&model("dsv41-f32"), dist::Split::Tensor);
 }

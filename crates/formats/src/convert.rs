@@ -103,6 +103,13 @@ pub trait ModelRules {
         true
     }
 
+    /// Whether `name` counts in `total_parameters` (mlx-lm counts the parameters of leaf modules:
+    /// not those a module with children holds itself); by default every tensor does.
+    fn counted(&self, model_type: &str, name: &str) -> bool {
+        let _ = (model_type, name);
+        true
+    }
+
     /// Whether the float parameter `name` keeps its dtype rather than taking the conversion's
     /// (mlx-lm's per-model `cast_predicate`); by default every float parameter is cast.
     fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
@@ -298,7 +305,9 @@ pub fn convert_folder(
                 summary.quantized += 1;
             }
             None => {
-                parameters += w.size();
+                if rules.counted(&model_type, &name) {
+                    parameters += w.size();
+                }
                 w.eval()?;
                 tensors.push((name, w));
             }

@@ -102,6 +102,10 @@ pub trait KvCache {
     fn parts_mut(&mut self) -> Option<&mut [Box<dyn KvCache>]> {
         None
     }
+    /// The cache as its own type, for a model whose layers keep their own kind of state.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// `--kv-bits`, `--kv-group-size`, `--quantized-kv-start`.

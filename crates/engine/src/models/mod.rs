@@ -2,6 +2,7 @@
 pub mod deepseek_v2;
 pub mod deepseek_v3;
 pub mod deepseek_v32;
+pub mod deepseek_v41;
 mod hf_quant;
 pub mod llama;
 pub mod mistral4;
@@ -111,6 +112,7 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("deepseek_v2", deepseek_v2::load),
     ("deepseek_v3", deepseek_v3::load),
     ("deepseek_v32", deepseek_v32::load),
+    ("deepseek_v41", deepseek_v41::load),
     ("qwen2_moe", qwen2_moe::load),
     ("qwen3_moe", qwen3_moe::load),
     ("mixtral", mixtral::load),
@@ -132,6 +134,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "mixtral" => Some(mixtral::sanitize),
         "mistral4" => Some(mistral4::sanitize),
         "deepseek_v32" => Some(deepseek_v32::sanitize),
+        "deepseek_v41" => Some(deepseek_v41::sanitize),
         _ => None,
     };
     if let Some(f) = own {
@@ -152,7 +155,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, deepseek_v32, ministral3, mistral3, llama4, llama4_text".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, deepseek_v32, deepseek_v41, ministral3, mistral3, llama4, llama4_text".into(),
             })
         }
     };
@@ -178,15 +181,26 @@ pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpe
 }
 
 /// Whether mlx-lm quantizes `model_type`'s `{layer}.weight` when converting: not DeepSeek's router
-/// (`MoEGate` holds a plain matrix, not a Linear).
+/// (`MoEGate` / `Router` hold a plain matrix, not a Linear).
 pub fn quantizable(model_type: &str, layer: &str) -> bool {
-    !(matches!(model_type, "deepseek_v32") && layer.ends_with(".mlp.gate"))
+    !(matches!(model_type, "deepseek_v32" | "deepseek_v41") && layer.ends_with(".mlp.gate"))
+}
+
+/// Whether the parameter `name` counts in `total_parameters` when converting (mlx-lm counts leaf
+/// modules only): not deepseek_v41's attention sinks, held by the attention module itself.
+pub fn counted(model_type: &str, name: &str) -> bool {
+    !(model_type == "deepseek_v41" && name.ends_with(".self_attn.sinks"))
 }
 
 /// Whether `model_type`'s mlx-lm class keeps the parameter `name` in its own dtype when
 /// converting (its `cast_predicate` says no cast), e.g. DeepSeek's float32 router bias.
 pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
-    matches!(model_type, "deepseek_v32") && name.contains("e_score_correction_bias")
+    match model_type {
+        "deepseek_v32" => name.contains("e_score_correction_bias"),
+        // The reference runtime keeps these in float32.
+        "deepseek_v41" => ["attn_hc.", "ffn_hc.", "sinks", "e_score_correction_bias", "compressor."].iter().any(|k| name.contains(k)),
+        _ => false,
+    }
 }
 
 /// What `model_type`'s mlx-lm config class writes into the config dict itself, so that
@@ -198,11 +212,15 @@ pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serd
 }
 
 /// How many randomly initialised modules `model_type`'s mlx-lm class makes for the checkpoint
-/// tensor `{base}.weight` (one, unless the architecture says otherwise; see `sample::seed`).
-pub fn init_modules(model_type: &str, base: &str) -> usize {
+/// tensor `{base}.weight` of `rank` dimensions (see `sample::seed`): by default one for a matrix
+/// or a quantized layer, none for norms and other vectors (ones or zeros).
+pub fn init_modules(model_type: &str, base: &str, rank: usize, quantized: bool) -> usize {
     match model_type {
-        "deepseek_v3" | "deepseek_v32" => deepseek_v3::init_modules(base),
-        _ => 1,
+        "deepseek_v3" | "deepseek_v32" if rank == 2 || quantized => deepseek_v3::init_modules(base),
+        // Its routers start as zeros; o_a_proj and the experts are SwitchLinears (3-D).
+        "deepseek_v41" if base.ends_with(".mlp.gate") => 0,
+        "deepseek_v41" => usize::from(rank >= 2 || quantized),
+        _ => usize::from(rank == 2 || quantized),
     }
 }
 

@@ -87,11 +87,8 @@ pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize
             continue; // sanitize drops it: no module
         }
         let quantized = shapes.contains_key(&format!("{base}.scales"));
-        if shape.len() != 2 && !quantized {
-            continue; // norms and other vectors: initialised with ones/zeros
-        }
         let per_module = 1 + usize::from(quantized) + usize::from(shapes.contains_key(&format!("{base}.bias")));
-        draws += crate::models::init_modules(model_type, base) * per_module;
+        draws += crate::models::init_modules(model_type, base, shape.len(), quantized) * per_module;
     }
     Ok(draws)
 }
