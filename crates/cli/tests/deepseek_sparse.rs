@@ -260,3 +260,12 @@ fn pp2_deepseek_v32_matches_single_process() {
 fn tp2_deepseek_v41_matches_single_process() {
     dist::sharded_matches_single(&model("dsv41-f32"), dist::Split::Tensor);
 }
+
+/// deepseek_v41 in 2 pipeline stages: the shared state that crosses the boundary (compressed KV,
+/// index keys, the indexer's choice and its candidate blocks) travels with the streams.
+#[test]
+fn pp2_deepseek_v41_matches_single_process() {
+    for v in ["dsv41-f32", "dsv41-sigmoid-f32"] {
+        dist::sharded_matches_single(&model(v), dist::Split::Pipeline);
+    }
+}

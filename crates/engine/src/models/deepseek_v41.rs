@@ -9,16 +9,16 @@ use super::Model;
 use crate::cache::KvCache;
 use crate::error::{EngineError, Result};
 use crate::nn::moe::SwitchGlu;
+use crate::pipeline::Stage;
 use crate::shard::ShardMode;
 use crate::nn::{Embedding, Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
 use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::{fast, ops, Array, Dtype};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 
 /// `ModelArgs` of deepseek_v41.py (defaults in [`defaults`]).
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 struct Config {
     vocab_size: i32,
     hidden_size: i32,
@@ -302,6 +302,9 @@ fn expand(x: &Array, residual: &Array, post: &Array, comb: &Array) -> Result<Arr
 }
 
 mod attention;
+mod pipeline;
+mod published;
+pub use published::sanitize;
 use attention::{Attention, Shared};
 
 /// `DeepseekV41SwiGLU`: in float32, the gate clamped from above and the up part both ways.
@@ -419,6 +422,7 @@ struct Layer {
 }
 
 pub struct DeepseekV41 {
+    config: Config,
     model_type: String,
     vocab_size: i32,
     hc: i32,
@@ -427,6 +431,8 @@ pub struct DeepseekV41 {
     layers: Vec<Layer>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// A pipeline stage, with the shared state it receives and sends (`_shared_in`, `_shared_out`).
+    stage: Option<(Stage, pipeline::Crossing, pipeline::Crossing)>,
 }
 
 /// `_window_indices`: for each of `length` new queries, the window rows it attends to (the
@@ -467,6 +473,15 @@ impl Model for DeepseekV41 {
         self.layers.iter().map(|_| Box::new(LayerCache::new(self.window)) as Box<dyn KvCache>).collect()
     }
 
+    /// mlx-lm's `pipeline`: this rank's layers (loaded alone), and what crosses its boundaries.
+    fn pipeline(&mut self, stage: Stage) -> Result<()> {
+        stage.check_loaded(self.layers.len())?;
+        let r = stage.layers();
+        let (shared_in, shared_out) = (pipeline::crossing(&self.config, r.start), pipeline::crossing(&self.config, r.end));
+        self.stage = Some((stage, shared_in, shared_out));
+        Ok(())
+    }
+
     fn shard(&mut self, group: &Group) -> Result<()> {
         for l in &mut self.layers {
             l.self_attn = l.self_attn.shard(group)?;
@@ -493,6 +508,9 @@ impl Model for DeepseekV41 {
         let first = ops::full(&[b, l, 1], 1.0, Dtype::F32)?;
         let mut pre_mix = ops::concatenate(&[&first, &ops::zeros(&[b, l, self.hc - 1], Dtype::F32)?], -1)?; // (B, L, hc)
         let mut shared = Shared::default();
+        if let Some((stage, shared_in, _)) = self.stage.as_ref().filter(|(s, ..)| s.receives()) {
+            (streams, pre_mix) = pipeline::receive(&self.config, stage, shared_in, &streams, start, caches[0], &mut shared)?;
+        }
         for (layer, c) in self.layers.iter().zip(caches.iter_mut()) {
             let (attn_pre, attn_post, attn_comb) = layer.attn_hc.forward(&streams)?;
             let x = layer.input_layernorm.forward(&collapse(&streams, &pre_mix)?)?;
@@ -503,7 +521,15 @@ impl Model for DeepseekV41 {
             streams = expand(&x, &streams, &ffn_post, &ffn_comb)?;
             pre_mix = ffn_pre;
         }
-        let out = self.norm.forward(&collapse(&streams, &pre_mix)?)?;
+        if let Some((stage, _, shared_out)) = self.stage.as_ref().filter(|(s, ..)| s.sends()) {
+            pipeline::send(&self.config, stage, shared_out, &streams, &pre_mix, start, &shared)?;
+        }
+        let mut out = collapse(&streams, &pre_mix)?;
+        if let Some((stage, ..)) = &self.stage {
+            // Rank 0 runs the last layers, and every rank needs its output.
+            out = stage.gather(&out)?;
+        }
+        let out = self.norm.forward(&out)?;
         self.lm_head.forward(&out) // (B, L, vocab)
     }
 }
@@ -517,117 +543,13 @@ fn repeat(x: &Array, n: i32, axis: i32) -> Result<Array> {
     Ok(ops::concatenate(&vec![&e; n.max(0) as usize], axis + 1)?.reshape(&shape)?)
 }
 
-/// `_rename`: one DeepSeek checkpoint name as its MLX name.
-fn rename(key: &str) -> String {
-    match key {
-        "head.weight" => return "lm_head.weight".into(),
-        "embed.weight" => return "model.embed_tokens.weight".into(),
-        _ => {}
-    }
-    let mut key = format!("model.{key}");
-    for (from, to) in [
-        (".attn.", ".self_attn."), (".ffn.", ".mlp."), (".attn_norm.", ".input_layernorm."),
-        (".ffn_norm.", ".post_attention_layernorm."), (".hc_attn_", ".attn_hc."), (".hc_ffn_", ".ffn_hc."),
-        (".attn_sink", ".sinks"), (".wq_a.", ".q_a_proj."), (".wq_b.", ".q_b_proj."), (".wkv.", ".kv_proj."),
-        (".wgate.", ".gate_proj."), (".wo_a.", ".o_a_proj."), (".wo_b.", ".o_b_proj."), (".q_norm.", ".q_a_norm."),
-        (".compressor.norm.", ".compressor.kv_norm."), (".indexer.wk.", ".indexer.k_proj."),
-        (".gate.bias", ".gate.e_score_correction_bias"), (".shared_experts.w1.", ".shared_experts.gate_proj."),
-        (".shared_experts.w2.", ".shared_experts.down_proj."), (".shared_experts.w3.", ".shared_experts.up_proj."),
-    ] {
-        key = key.replace(from, to);
-    }
-    key
-}
-
-/// `_repack`: an FP8 or FP4 weight and its ue8m0 scale in MLX's mxfp8 / mxfp4 layout (the weight's
-/// bytes as uint32 words; float scales as biased exponents; FP8's 32x32 tile scales per row).
-fn repack(weight: &Array, scale: &Array) -> Result<(Array, Array)> {
-    let mut scale = match scale.dtype() {
-        Dtype::U8 => scale.clone(),
-        _ => scale.astype(Dtype::F32)?.log2()?.add_scalar(127.0)?.astype(Dtype::U8)?,
-    };
-    let rows = weight.dim(-2);
-    if scale.dim(-2) != rows {
-        scale = repeat(&scale, 32, -2)?.slice_axis(-2, 0, rows)?;
-    }
-    Ok((weight.view(Dtype::U32)?, scale))
-}
-
-/// One published expert projection: its weight and its scale (FP4 checkpoints).
-type ExpertParts = [Option<Array>; 2];
-
-/// mlx-lm's `sanitize`: a checkpoint with DeepSeek's own names (no key starts with `model.`) is
-/// renamed, its vision / multi-token-prediction / engram parts and the image router bias dropped,
-/// FP8 and FP4 weights kept packed (mxfp8 / mxfp4) with their scales, `wo_a` split into its groups
-/// and the routed experts stacked. A converted (MLX-named) checkpoint stays as it is.
-pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()> {
-    let c = parse(config)?;
-    if weights.names().iter().any(|k| k.starts_with("model.")) {
-        return Ok(());
-    }
-    let drop = ["vision.", "aligner.", "image_", "mtp."];
-    weights.drop_where(|k| drop.iter().any(|p| k.starts_with(p)) || k.contains(".engram.") || k.ends_with(".gate.bias_vl"));
-    let names = weights.names();
-    let has = |k: &str| names.iter().any(|n| n == k);
-    let mut experts: BTreeMap<(i32, String), BTreeMap<i32, ExpertParts>> = BTreeMap::new();
-    for key in &names {
-        let parts: Vec<&str> = key.split('.').collect();
-        if let ["layers", layer, "ffn", "experts", e, proj @ ("w1" | "w2" | "w3"), kind @ ("weight" | "scale")] = parts[..] {
-            let (Ok(layer), Ok(e)) = (layer.parse::<i32>(), e.parse::<i32>()) else { continue };
-            let value = weights.remove(key).expect("listed by names()");
-            experts.entry((layer, proj.to_owned())).or_default().entry(e).or_default()[usize::from(kind == "scale")] = Some(value);
-            continue;
-        }
-        if key.strip_suffix(".scale").is_some_and(|b| has(&format!("{b}.weight"))) {
-            continue;
-        }
-        let Some(mut value) = weights.remove(key) else { continue };
-        let mut scale = key.strip_suffix(".weight").and_then(|b| weights.remove(&format!("{b}.scale")));
-        let name = rename(key);
-        if let Some(s) = &scale {
-            let (w, s) = repack(&value, s)?;
-            (value, scale) = (w, Some(s));
-        }
-        if name.ends_with(".o_a_proj.weight") {
-            // wo_a is block diagonal: its groups one by one.
-            value = value.reshape(&[c.o_groups, -1, value.dim(-1)])?;
-            scale = scale.map(|s| s.reshape(&[c.o_groups, -1, s.dim(-1)])).transpose()?;
-        }
-        if let Some(s) = scale {
-            weights.insert(format!("{}scales", name.trim_end_matches("weight")), s);
-        }
-        weights.insert(name, value);
-    }
-    for ((layer, proj), rows) in experts {
-        if rows.len() != c.n_routed_experts as usize {
-            return Err(EngineError::Config(format!(
-                "layer {layer} has {} {proj} expert weights, but the config declares {} experts",
-                rows.len(),
-                c.n_routed_experts
-            )));
-        }
-        let missing = || EngineError::missing_tensor(format!("layers.{layer}.ffn.experts.N.{proj}.weight"));
-        let values = rows.values().map(|r| r[0].as_ref().ok_or_else(missing)).collect::<Result<Vec<_>>>()?;
-        let name = format!("model.layers.{layer}.mlp.experts.switch_mlp.{}", match proj.as_str() { "w1" => "gate_proj", "w2" => "down_proj", _ => "up_proj" });
-        let mut value = ops::stack(&values, 0)?;
-        if rows.values().next().is_some_and(|r| r[1].is_some()) {
-            let scales = rows.values().map(|r| r[1].as_ref().ok_or_else(missing)).collect::<Result<Vec<_>>>()?;
-            let (w, s) = repack(&value, &ops::stack(&scales, 0)?)?;
-            value = w;
-            weights.insert(format!("{name}.scales"), s);
-        }
-        weights.insert(format!("{name}.weight"), value);
-    }
-    Ok(())
-}
-
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
     let c = parse(config)?;
     let model_type = config.get("model_type").and_then(|t| t.as_str()).unwrap_or("deepseek_v41").to_owned();
     sanitize(config, weights)?;
     let vb = weights.view("model");
     let mut layers = Vec::new();
-    for i in 0..c.num_hidden_layers {
+    for i in (0..c.num_hidden_layers).filter(|&i| weights.loads_layer(i)) {
         let l = vb.pp("layers").pp(i);
         layers.push(Layer {
             self_attn: Attention::load(&l.pp("self_attn"), &c, i, q)?,
@@ -639,6 +561,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         });
     }
     Ok(Box::new(DeepseekV41 {
+        config: c.clone(),
         model_type,
         vocab_size: c.vocab_size,
         hc: c.hc_mult,
@@ -647,5 +570,6 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         layers,
         norm: RmsNorm::load(&vb.pp("norm"), c.hidden_size, c.rms_norm_eps)?,
         lm_head: Linear::load(&weights.view("lm_head"), c.hidden_size, c.vocab_size, false, q)?,
+        stage: None,
     }))
 }

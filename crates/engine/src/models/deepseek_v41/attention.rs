@@ -13,10 +13,10 @@ use mlx::{fast, ops, Array, Dtype};
 /// What one forward pass's layers hand on to later layers (mlx-lm's `shared` dict).
 #[derive(Default)]
 pub(super) struct Shared {
-    compress_kv: Option<Array>, // (B, groups, head_dim)
-    index_k: Option<Array>,     // (B, groups, index_head_dim)
-    topk_idx: Option<Array>,    // (B, L, k) int32, -1 for none
-    candidates: Option<Array>,  // (B, L, groups) bool
+    pub(super) compress_kv: Option<Array>, // (B, groups, head_dim)
+    pub(super) index_k: Option<Array>,     // (B, groups, index_head_dim)
+    pub(super) topk_idx: Option<Array>,    // (B, L, k) int32, -1 for none
+    pub(super) candidates: Option<Array>,  // (B, L, groups) bool
 }
 
 #[derive(Clone)]
