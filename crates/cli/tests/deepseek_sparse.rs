@@ -13,6 +13,7 @@
 
 mod common;
 mod dist;
+mod server_harness;
 
 use serde_json::Value;
 use std::path::PathBuf;
@@ -267,5 +268,38 @@ fn tp2_deepseek_v41_matches_single_process() {
 fn pp2_deepseek_v41_matches_single_process() {
     for v in ["dsv41-f32", "dsv41-sigmoid-f32"] {
         dist::sharded_matches_single(&model(v), dist::Split::Pipeline);
+    }
+}
+
+/// `serve` runs the sparse models' own caches one sequence at a time (they do not merge into a
+/// batch cache): concurrent chat requests each get the text `generate` gives for that prompt.
+#[test]
+fn serve_answers_concurrent_requests_as_generate() {
+    for v in ["dsv32-interleave-f32", "dsv41-f32"] {
+        let dir = model(v);
+        let prompts = ["Hello, how are you?", "The capital of France is", "Tell me a story."];
+        let alone: Vec<Value> = prompts
+            .iter()
+            .map(|p| {
+                let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", p, "--max-tokens", "24", "--output", "json"];
+                generate_json(&args, v)["text"].clone()
+            })
+            .collect();
+        let server = server_harness::Server::start(dir.to_str().unwrap(), &[]);
+        let answers: Vec<Value> = std::thread::scope(|s| {
+            let handles: Vec<_> = prompts
+                .iter()
+                .map(|p| {
+                    let server = &server;
+                    s.spawn(move || {
+                        let body = serde_json::json!({"messages": [{"role": "user", "content": p}], "max_tokens": 24, "temperature": 0});
+                        server.post("/v1/chat/completions", &body)["choices"][0]["message"]["content"].clone()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("request thread")).collect()
+        });
+        assert_eq!(answers, alone, "{v}: served answers differ from generate's");
+        eprintln!("{v}: {} concurrent answers equal generate's", answers.len());
     }
 }
