@@ -154,7 +154,8 @@ fn sparsity_changes_the_tokens() {
 fn seeded_sampling_matches_mlx_lm() {
     let mut cases = Vec::new();
     let mut runs = Vec::new();
-    for (v, seed) in [("dsv32-f32", 7), ("dsv32-q4g32", 11), ("dsv32-interleave-f32", 3), ("dsv41-f32", 5), ("dsv41-q4g32", 2)] {
+    for (v, seed) in [("dsv32-f32", 7), ("dsv32-q4g32", 11), ("dsv32-interleave-f32", 3), ("dsv32-fp8", 4), ("dsv41-f32", 5), ("dsv41-q4g32", 2),
+        ("dsv41-fp8", 9)] {
         let sampler = serde_json::json!({"temp": 0.9, "top_p": 0.95, "top_k": 40});
         cases.push(serde_json::json!({"model": model(v), "prompt": CHAT_PROMPT, "max_tokens": MAX_TOKENS, "seed": seed,
             "top_logprobs": 0, "sampler": sampler, "processors": {}}));

@@ -304,7 +304,7 @@ fn expand(x: &Array, residual: &Array, post: &Array, comb: &Array) -> Result<Arr
 mod attention;
 mod pipeline;
 mod published;
-pub use published::sanitize;
+pub use published::{sanitize, sanitized_shapes};
 use attention::{Attention, Shared};
 
 /// `DeepseekV41SwiGLU`: in float32, the gate clamped from above and the up part both ways.

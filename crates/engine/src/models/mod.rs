@@ -25,7 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::nn::QuantConfig;
 use checkpoint::Weights;
 use mlx::Array;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A loaded language model.
 pub trait Model {
@@ -208,6 +208,24 @@ pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
 pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
     if model_type == "mistral3" {
         mistral3::update_config(config);
+    }
+}
+
+/// A checkpoint's tensor shapes by name as `model_type`'s `sanitize` leaves them (for
+/// `--seed`'s count of the draws mlx-lm makes at load): DeepSeek's multi-token-prediction layers
+/// (index >= num_hidden_layers) dropped, V4.1's published names mapped; else unchanged.
+pub fn sanitized_shapes(config: &serde_json::Value, mut shapes: HashMap<String, Vec<i64>>) -> HashMap<String, Vec<i64>> {
+    match config.get("model_type").and_then(|t| t.as_str()) {
+        Some("deepseek_v41") => deepseek_v41::sanitized_shapes(shapes),
+        Some("deepseek_v3" | "deepseek_v32") => {
+            let n = config.get("num_hidden_layers").and_then(serde_json::Value::as_i64).unwrap_or(i64::MAX);
+            shapes.retain(|k, _| {
+                let parts: Vec<&str> = k.split('.').collect();
+                !(parts.len() >= 3 && parts[1] == "layers" && parts[2].parse::<i64>().is_ok_and(|i| i >= n))
+            });
+            shapes
+        }
+        _ => shapes,
     }
 }
 

@@ -4,7 +4,19 @@ use super::{parse, repeat};
 use crate::error::{EngineError, Result};
 use checkpoint::Weights;
 use mlx::{ops, Array, Dtype};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// The parts of a published checkpoint the text model does not have (`_DROP_PREFIXES`).
+const DROP: [&str; 4] = ["vision.", "aligner.", "image_", "mtp."];
+
+/// `_EXPERT_PROJ`: a routed expert's projection by its DeepSeek name.
+fn expert_proj(proj: &str) -> &'static str {
+    match proj {
+        "w1" => "gate_proj",
+        "w2" => "down_proj",
+        _ => "up_proj",
+    }
+}
 
 /// `_rename`: one DeepSeek checkpoint name as its MLX name.
 fn rename(key: &str) -> String {
@@ -54,8 +66,7 @@ pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()>
     if weights.names().iter().any(|k| k.starts_with("model.")) {
         return Ok(());
     }
-    let drop = ["vision.", "aligner.", "image_", "mtp."];
-    weights.drop_where(|k| drop.iter().any(|p| k.starts_with(p)) || k.contains(".engram.") || k.ends_with(".gate.bias_vl"));
+    weights.drop_where(|k| DROP.iter().any(|p| k.starts_with(p)) || k.contains(".engram.") || k.ends_with(".gate.bias_vl"));
     let names = weights.names();
     let has = |k: &str| names.iter().any(|n| n == k);
     let mut experts: BTreeMap<(i32, String), BTreeMap<i32, ExpertParts>> = BTreeMap::new();
@@ -97,7 +108,7 @@ pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()>
         }
         let missing = || EngineError::missing_tensor(format!("layers.{layer}.ffn.experts.N.{proj}.weight"));
         let values = rows.values().map(|r| r[0].as_ref().ok_or_else(missing)).collect::<Result<Vec<_>>>()?;
-        let name = format!("model.layers.{layer}.mlp.experts.switch_mlp.{}", match proj.as_str() { "w1" => "gate_proj", "w2" => "down_proj", _ => "up_proj" });
+        let name = format!("model.layers.{layer}.mlp.experts.switch_mlp.{}", expert_proj(&proj));
         let mut value = ops::stack(&values, 0)?;
         if rows.values().next().is_some_and(|r| r[1].is_some()) {
             let scales = rows.values().map(|r| r[1].as_ref().ok_or_else(missing)).collect::<Result<Vec<_>>>()?;
@@ -108,4 +119,34 @@ pub fn sanitize(config: &serde_json::Value, weights: &mut Weights) -> Result<()>
         weights.insert(format!("{name}.weight"), value);
     }
     Ok(())
+}
+
+/// The tensor shapes of a checkpoint as mlx-lm's modules hold them after `sanitize` (`--seed`
+/// counts the draws those modules make at load): DeepSeek's names renamed, `X.scale` as
+/// `X.scales`, each routed projection as one stacked tensor, the dropped parts left out.
+pub fn sanitized_shapes(shapes: HashMap<String, Vec<i64>>) -> HashMap<String, Vec<i64>> {
+    if shapes.keys().any(|k| k.starts_with("model.")) {
+        return shapes;
+    }
+    let mut out = HashMap::new();
+    for (k, shape) in &shapes {
+        if DROP.iter().any(|p| k.starts_with(p)) || k.contains(".engram.") || k.ends_with(".gate.bias_vl") {
+            continue;
+        }
+        let parts: Vec<&str> = k.split('.').collect();
+        if let ["layers", layer, "ffn", "experts", e, proj, kind] = parts[..] {
+            if e == "0" {
+                let kind = if kind == "scale" { "scales" } else { kind };
+                let stacked = [&[0][..], shape].concat();
+                out.insert(format!("model.layers.{layer}.mlp.experts.switch_mlp.{}.{kind}", expert_proj(proj)), stacked);
+            }
+            continue;
+        }
+        let name = match k.strip_suffix(".scale").filter(|b| shapes.contains_key(&format!("{b}.weight"))) {
+            Some(b) => format!("{}scales", rename(&format!("{b}.weight")).trim_end_matches("weight")),
+            None => rename(k),
+        };
+        out.insert(name, shape.clone());
+    }
+    out
 }
