@@ -390,7 +390,12 @@ pub fn is_batchable(model: &dyn Model) -> bool {
 
 /// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass.
 pub fn kv_bytes_per_token(model: &dyn Model) -> Result<usize> {
-    let mut cache: Vec<Box<dyn KvCache>> = (0..model.make_cache().len()).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect();
+    // A model whose layers keep more than keys and values (cache lists) runs in its own caches.
+    let own = model.make_cache();
+    let mut cache: Vec<Box<dyn KvCache>> = match own.iter().any(|c| c.saved_state().is_ok_and(|(class, _)| class == "CacheList")) {
+        true => own,
+        false => (0..own.len()).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect(),
+    };
     model.forward(&Array::from_slice(&[0i32], &[1, 1])?, &mut cache)?;
     let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
     mlx::eval(&state.iter().collect::<Vec<_>>())?;

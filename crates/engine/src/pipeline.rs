@@ -70,6 +70,36 @@ impl Stage {
         Ok(())
     }
 
+    /// Whether this stage runs after another (every rank but the last, which runs the first layers).
+    pub fn receives(&self) -> bool {
+        self.group.rank() < self.group.size() - 1
+    }
+
+    /// Whether a later stage runs after this one (every rank but 0).
+    pub fn sends(&self) -> bool {
+        self.group.rank() != 0
+    }
+
+    /// An array shaped and typed as `like` from the previous stage.
+    pub fn recv_like(&self, like: &Array) -> Result<Array> {
+        Ok(self.group.recv_like(like, self.group.rank() + 1)?)
+    }
+
+    /// `x` to the next stage, the send queued at once (see [`Stage::pass_on`]).
+    pub fn send(&self, x: &Array) -> Result<Array> {
+        let sent = self.group.send(x, self.group.rank() - 1)?;
+        mlx::async_eval(&[&sent])?;
+        Ok(sent)
+    }
+
+    /// The last stage's `h` (B, ...) on every rank (`all_gather(h)[:B]`); `h` itself on one rank.
+    pub fn gather(&self, h: &Array) -> Result<Array> {
+        if self.group.size() == 1 {
+            return Ok(h.clone());
+        }
+        Ok(self.group.all_gather(h)?.slice_axis(0, 0, h.dim(0))?)
+    }
+
     /// The stage's input: the previous stage's output in place of `h` (B, L, hidden), except on the
     /// first stage (the last rank), which starts from `h` itself.
     pub fn receive(&self, h: &Array) -> Result<Array> {

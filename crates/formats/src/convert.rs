@@ -96,6 +96,27 @@ pub trait ModelRules {
     /// The changes `model_type`'s config class makes to the config dict itself, which
     /// `mlx_lm.convert` therefore saves (e.g. mistral3's `text_config.tie_word_embeddings`);
     /// by default none.
+    /// Whether the tensor `{layer}.weight` belongs to a layer mlx-lm's `nn.quantize` quantizes (a
+    /// Linear, Embedding, SwitchLinear or MultiLinear); by default every 2-D or 3-D weight does.
+    fn quantizable(&self, model_type: &str, layer: &str) -> bool {
+        let _ = (model_type, layer);
+        true
+    }
+
+    /// Whether `name` counts in `total_parameters` (mlx-lm counts the parameters of leaf modules:
+    /// not those a module with children holds itself); by default every tensor does.
+    fn counted(&self, model_type: &str, name: &str) -> bool {
+        let _ = (model_type, name);
+        true
+    }
+
+    /// Whether the float parameter `name` keeps its dtype rather than taking the conversion's
+    /// (mlx-lm's per-model `cast_predicate`); by default every float parameter is cast.
+    fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
+        let _ = (model_type, name);
+        false
+    }
+
     fn update_config(&self, model_type: &str, config: &mut Map<String, Value>) {
         let _ = (model_type, config);
     }
@@ -249,13 +270,13 @@ pub fn convert_folder(
     let mut overrides = Map::new();
     for (i, (name, w)) in std::mem::take(&mut weights).into_iter().enumerate() {
         let w = match dtype {
-            Some(d) if w.dtype().is_float() => w.astype(d)?,
+            Some(d) if w.dtype().is_float() && !rules.keeps_dtype(&model_type, &name) => w.astype(d)?,
             _ => w,
         };
         // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures),
         // the experts' SwitchLinear (3-D `.experts.`, llama4) and MLA's MultiLinear (3-D); the
         // model's quant_predicate may give a layer its own parameters, recorded in the config.
-        let layer = name.strip_suffix(".weight").filter(|_| w.ndim() == 2 || w.ndim() == 3);
+        let layer = name.strip_suffix(".weight").filter(|l| (w.ndim() == 2 || w.ndim() == 3) && rules.quantizable(&model_type, l));
         let quantize = opts.quantize && w.dim(-1) % spec.group_size == 0;
         match layer.filter(|_| quantize) {
             Some(layer) => {
@@ -284,7 +305,9 @@ pub fn convert_folder(
                 summary.quantized += 1;
             }
             None => {
-                parameters += w.size();
+                if rules.counted(&model_type, &name) {
+                    parameters += w.size();
+                }
                 w.eval()?;
                 tensors.push((name, w));
             }

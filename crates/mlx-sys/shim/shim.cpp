@@ -309,6 +309,9 @@ int mlxs_unary(mlxs_array* out, int op, const mlxs_array a) {
       case 13: *out = wrap(mx::floor(x)); break;
       case 14: *out = wrap(mx::erf(x)); break;
       case 15: *out = wrap(mx::stop_gradient(x)); break;
+      case 16: *out = wrap(mx::log2(x)); break;
+      case 17: *out = wrap(mx::ceil(x)); break;
+      case 18: *out = wrap(mx::sign(x)); break;
       default: throw std::invalid_argument("unknown unary op " + std::to_string(op));
     }
   });
@@ -336,6 +339,7 @@ int mlxs_binary(mlxs_array* out, int op, const mlxs_array a, const mlxs_array b)
       case 14: *out = wrap(mx::logical_or(x, y)); break;
       case 15: *out = wrap(mx::floor_divide(x, y)); break;
       case 16: *out = wrap(mx::remainder(x, y)); break;
+      case 17: *out = wrap(mx::logaddexp(x, y)); break;
       default: throw std::invalid_argument("unknown binary op " + std::to_string(op));
     }
   });
@@ -351,6 +355,10 @@ int mlxs_astype(mlxs_array* out, const mlxs_array a, int dtype) {
 
 int mlxs_from_fp8(mlxs_array* out, const mlxs_array a, int dtype) {
   return guard([&] { *out = wrap(mx::from_fp8(arr(a), dtype_of(dtype))); });
+}
+
+int mlxs_to_fp8(mlxs_array* out, const mlxs_array a) {
+  return guard([&] { *out = wrap(mx::to_fp8(arr(a))); });
 }
 
 int mlxs_view(mlxs_array* out, const mlxs_array a, int dtype) {

@@ -50,6 +50,7 @@ int mlxs_binary(mlxs_array* out, int op, const mlxs_array a, const mlxs_array b)
 int mlxs_where(mlxs_array* out, const mlxs_array cond, const mlxs_array x, const mlxs_array y);
 int mlxs_astype(mlxs_array* out, const mlxs_array a, int dtype);
 int mlxs_from_fp8(mlxs_array* out, const mlxs_array a, int dtype);
+int mlxs_to_fp8(mlxs_array* out, const mlxs_array a);
 int mlxs_view(mlxs_array* out, const mlxs_array a, int dtype);
 int mlxs_pad(mlxs_array* out, const mlxs_array a, const int32_t* low, const int32_t* high, int n,
              const mlxs_array value);

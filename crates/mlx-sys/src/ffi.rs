@@ -55,6 +55,7 @@ extern "C" {
     pub fn mlxs_where(out: *mut mlxs_array, cond: mlxs_array, x: mlxs_array, y: mlxs_array) -> c_int;
     pub fn mlxs_astype(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
     pub fn mlxs_from_fp8(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
+    pub fn mlxs_to_fp8(out: *mut mlxs_array, a: mlxs_array) -> c_int;
     pub fn mlxs_view(out: *mut mlxs_array, a: mlxs_array, dtype: c_int) -> c_int;
     pub fn mlxs_pad(
         out: *mut mlxs_array,

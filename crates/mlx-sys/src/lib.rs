@@ -202,6 +202,9 @@ pub const UNARY_LOG1P: i32 = 12;
 pub const UNARY_FLOOR: i32 = 13;
 pub const UNARY_ERF: i32 = 14;
 pub const UNARY_STOP_GRADIENT: i32 = 15;
+pub const UNARY_LOG2: i32 = 16;
+pub const UNARY_CEIL: i32 = 17;
+pub const UNARY_SIGN: i32 = 18;
 
 pub const BINARY_ADD: i32 = 0;
 pub const BINARY_SUB: i32 = 1;
@@ -220,6 +223,7 @@ pub const BINARY_AND: i32 = 13;
 pub const BINARY_OR: i32 = 14;
 pub const BINARY_FLOOR_DIV: i32 = 15;
 pub const BINARY_REM: i32 = 16;
+pub const BINARY_LOGADDEXP: i32 = 17;
 
 pub const REDUCE_SUM: i32 = 0;
 pub const REDUCE_MAX: i32 = 1;
@@ -259,6 +263,11 @@ pub fn astype(a: &Handle, dtype: i32) -> Result<Handle> {
 /// Reads uint8 `a` as float8 e4m3 values, converted to `dtype` (`mx.from_fp8`).
 pub fn from_fp8(a: &Handle, dtype: i32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_from_fp8(o, a.raw(), dtype) })
+}
+
+/// Float values as float8 e4m3 bytes, uint8 (`mx.to_fp8`).
+pub fn to_fp8(a: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_to_fp8(o, a.raw()) })
 }
 
 /// The same bytes read as `dtype` (`mx.view`).

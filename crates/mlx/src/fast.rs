@@ -73,3 +73,11 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Resu
     ctx("scaled_dot_product_attention", sys::sdpa(q.handle(), k.handle(), v.handle(), scale, mode, arr, None))
         .map(Array::from_handle)
 }
+
+/// [`sdpa`] with a boolean `mask` and per-head attention `sinks` (Hq,): each head's softmax also
+/// counts one extra logit of that value, which attends to nothing.
+#[track_caller]
+pub fn sdpa_sinks(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Array, sinks: &Array) -> Result<Array> {
+    ctx("scaled_dot_product_attention", sys::sdpa(q.handle(), k.handle(), v.handle(), scale, "array", Some(mask.handle()), Some(sinks.handle())))
+        .map(Array::from_handle)
+}

@@ -24,6 +24,7 @@ unary! {
     sqrt => UNARY_SQRT, rsqrt => UNARY_RSQRT, abs => UNARY_ABS, logical_not => UNARY_NOT,
     sin => UNARY_SIN, cos => UNARY_COS, tanh => UNARY_TANH, square => UNARY_SQUARE,
     log1p => UNARY_LOG1P, floor => UNARY_FLOOR, erf => UNARY_ERF, stop_gradient => UNARY_STOP_GRADIENT,
+    log2 => UNARY_LOG2, ceil => UNARY_CEIL, sign => UNARY_SIGN,
 }
 
 macro_rules! binary {
@@ -65,6 +66,7 @@ binary! {
     logical_or, logical_or_scalar => BINARY_OR,
     floor_divide, floor_divide_scalar => BINARY_FLOOR_DIV,
     remainder, remainder_scalar => BINARY_REM,
+    logaddexp, logaddexp_scalar => BINARY_LOGADDEXP,
 }
 
 fn axis_index(axis: i32, ndim: usize) -> Result<usize> {
@@ -91,6 +93,12 @@ impl Array {
     #[track_caller]
     pub fn from_fp8(&self, dtype: Dtype) -> Result<Array> {
         ctx("from_fp8", sys::from_fp8(self.handle(), dtype.code())).map(Array::from_handle)
+    }
+
+    /// Float values as float8 e4m3 bytes (uint8), as `mx.to_fp8`.
+    #[track_caller]
+    pub fn to_fp8(&self) -> Result<Array> {
+        ctx("to_fp8", sys::to_fp8(self.handle())).map(Array::from_handle)
     }
 
     /// The same bytes read as `dtype`, as `mx.view` (the last axis scales by the size ratio).

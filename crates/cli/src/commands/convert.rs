@@ -57,6 +57,18 @@ impl ModelRules for EngineRules {
         engine::models::quant_override(model_type, path)
     }
 
+    fn quantizable(&self, model_type: &str, layer: &str) -> bool {
+        engine::models::quantizable(model_type, layer)
+    }
+
+    fn counted(&self, model_type: &str, name: &str) -> bool {
+        engine::models::counted(model_type, name)
+    }
+
+    fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
+        engine::models::keeps_dtype(model_type, name)
+    }
+
     fn update_config(&self, model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
         engine::models::update_config(model_type, config);
     }

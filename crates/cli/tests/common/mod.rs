@@ -220,6 +220,12 @@ pub fn deepseek_models_dir() -> &'static Path {
     DIR.get_or_init(|| script_models_dir("make_deepseek.py", &[], "deepseek-models"))
 }
 
+/// The folder of all DeepSeek sparse-attention test models (tests/oracle/make_deepseek_sparse.py).
+pub fn deepseek_sparse_models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| script_models_dir("make_deepseek_sparse.py", &["make_deepseek.py"], "deepseek-sparse-models"))
+}
+
 /// The folder of all mixture-of-experts test models (tests/oracle/make_moe.py).
 pub fn moe_models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

@@ -1,7 +1,7 @@
 //! Prompt-cache files in mlx-lm's `save_prompt_cache` / `load_prompt_cache` format: safetensors
 //! whose tensors are the flattened cache states (`"{layer}.{i}[.{j}]"`, scalars as 0-d int32,
 //! `None` as an empty array) and whose metadata is the flattened `[metadata, classes, scalars]`.
-use super::{ChunkedCache, GrowingCache, KvCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
+use super::{ChunkedCache, GrowingCache, KvCache, ListCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::ops::QuantSpec;
 use mlx::Array;
@@ -27,6 +27,11 @@ fn flatten(prefix: String, node: &StateNode, tensors: &mut Vec<(String, Array)>,
             let v = i32::try_from(*x).map_err(|_| EngineError::Invalid(format!("cache scalar {x} does not fit int32")))?;
             tensors.push((prefix.clone(), Array::from_slice(&[v], &[])?));
             scalars.push((prefix, "scalar"));
+        }
+        StateNode::Str(text) => {
+            let codes: Vec<i32> = text.chars().map(|c| c as i32).collect();
+            tensors.push((prefix.clone(), Array::from_slice(&codes, &[codes.len() as i32])?));
+            scalars.push((prefix, "string"));
         }
         StateNode::None => {
             tensors.push((prefix.clone(), Array::from_slice::<f32>(&[], &[0])?));
@@ -84,6 +89,49 @@ impl Reader {
         Ok(a.item::<i32>()?)
     }
 
+    /// A "string" scalar: its character codes.
+    fn string(&self, name: &str) -> Result<String> {
+        let a = self.tensors.get(name).ok_or_else(|| Self::bad(&format!("no string {name}")))?;
+        a.to_vec::<i32>()?.into_iter().map(|c| char::from_u32(c as u32).ok_or_else(|| Self::bad(&format!("{name} is not text")))).collect()
+    }
+
+    /// The cache of mlx-lm class `class` whose state is under `prefix`.
+    fn cache(&self, class: &str, prefix: &str) -> Result<Box<dyn KvCache>> {
+        let p = |j: usize| format!("{prefix}.{j}");
+        Ok(match class {
+            "KVCache" => Box::new(GrowingCache::from_state(self.array(&p(0))?, self.array(&p(1))?, self.int(&p(2))?)?),
+            "RotatingKVCache" => Box::new(RotatingCache::from_state(
+                self.array(&p(0))?,
+                self.array(&p(1))?,
+                self.int(&p(2))?,
+                self.int(&p(3))?,
+                self.int(&p(4))?,
+                self.int(&p(5))?,
+            )?),
+            "ChunkedKVCache" => Box::new(ChunkedCache::from_state(
+                self.array(&p(0))?,
+                self.array(&p(1))?,
+                self.int(&p(2))?,
+                self.int(&p(3))?,
+                self.int(&p(4))?,
+            )?),
+            "QuantizedKVCache" => {
+                let spec = QuantSpec::affine(self.int(&p(3))?, self.int(&p(4))?);
+                Box::new(QuantizedCache::from_state(self.triple(&p(0))?, self.triple(&p(1))?, self.int(&p(2))?, spec)?)
+            }
+            // [(part state, part class), ...]
+            "CacheList" => {
+                let mut parts = Vec::new();
+                while self.tensors.contains_key(&format!("{}.1", p(parts.len()))) {
+                    let part = p(parts.len());
+                    parts.push(self.cache(&self.string(&format!("{part}.1"))?, &format!("{part}.0"))?);
+                }
+                Box::new(ListCache::new(parts)?)
+            }
+            other => return Err(Self::bad(&format!("cache class {other} is not supported"))),
+        })
+    }
+
     fn triple(&self, name: &str) -> Result<Option<QuantTriple>> {
         if self.kinds.get(name).map(String::as_str) == Some("none") {
             return Ok(None);
@@ -120,33 +168,6 @@ pub fn load_prompt_cache(path: &Path) -> Result<PromptCacheFile> {
     }
     let kinds = scalar_paths.iter().filter_map(|(j, p)| scalar_kinds.get(j).map(|t| (p.clone(), t.clone()))).collect();
     let r = Reader { tensors: st.tensors.into_iter().collect(), kinds };
-    let mut cache: Vec<Box<dyn KvCache>> = Vec::new();
-    for (i, class) in &classes {
-        let p = |j: usize| format!("{i}.{j}");
-        let c: Box<dyn KvCache> = match class.as_str() {
-            "KVCache" => Box::new(GrowingCache::from_state(r.array(&p(0))?, r.array(&p(1))?, r.int(&p(2))?)?),
-            "RotatingKVCache" => Box::new(RotatingCache::from_state(
-                r.array(&p(0))?,
-                r.array(&p(1))?,
-                r.int(&p(2))?,
-                r.int(&p(3))?,
-                r.int(&p(4))?,
-                r.int(&p(5))?,
-            )?),
-            "ChunkedKVCache" => Box::new(ChunkedCache::from_state(
-                r.array(&p(0))?,
-                r.array(&p(1))?,
-                r.int(&p(2))?,
-                r.int(&p(3))?,
-                r.int(&p(4))?,
-            )?),
-            "QuantizedKVCache" => {
-                let spec = QuantSpec::affine(r.int(&p(3))?, r.int(&p(4))?);
-                Box::new(QuantizedCache::from_state(r.triple(&p(0))?, r.triple(&p(1))?, r.int(&p(2))?, spec)?)
-            }
-            other => return Err(Reader::bad(&format!("cache class {other} is not supported"))),
-        };
-        cache.push(c);
-    }
+    let cache = classes.iter().map(|(i, class)| r.cache(class, &i.to_string())).collect::<Result<_>>()?;
     Ok(PromptCacheFile { cache, metadata })
 }

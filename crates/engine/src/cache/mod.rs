@@ -4,6 +4,7 @@ mod batch;
 mod chunked;
 mod file;
 mod growing;
+mod list;
 mod mask;
 pub mod paged;
 mod quantized;
@@ -15,6 +16,7 @@ pub use batch::BatchCache;
 pub use chunked::ChunkedCache;
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
 pub use growing::GrowingCache;
+pub use list::ListCache;
 pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
 pub use paged::{BlockAllocator, PagedCache, PagedPool};
 pub use quantized::{quantized_sdpa, QuantizedCache};
@@ -35,6 +37,8 @@ pub type QuantTriple = [Array; 3];
 pub enum StateNode {
     Array(Array),
     Int(i64),
+    /// A string (saved as its character codes, mlx-lm's "string" scalar).
+    Str(String),
     None,
     List(Vec<StateNode>),
 }
@@ -93,6 +97,14 @@ pub trait KvCache {
     /// mlx-lm's class name and `state` tree, for prompt-cache files.
     fn saved_state(&self) -> Result<(&'static str, Vec<StateNode>)> {
         Err(EngineError::Invalid("this KV cache cannot be saved to a prompt-cache file".into()))
+    }
+    /// The parts of a cache list (mlx-lm's `CacheList`), each updated by the layer that owns it.
+    fn parts_mut(&mut self) -> Option<&mut [Box<dyn KvCache>]> {
+        None
+    }
+    /// The cache as its own type, for a model whose layers keep their own kind of state.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
     }
 }
 

@@ -38,3 +38,31 @@ fn a_wrapped_rotating_cache_refuses_to_trim() {
     let mut all: Vec<Box<dyn KvCache>> = vec![Box::new(c)];
     assert!(trim_prompt_cache(&mut all, 1).is_err());
 }
+
+/// A cache list trims both parts, and goes through a prompt-cache file as mlx-lm's `CacheList`
+/// (each part's state and class name), coming back with the same offsets and contents.
+#[test]
+fn a_cache_list_trims_and_round_trips_through_a_file() {
+    let parts: Vec<Box<dyn KvCache>> = vec![Box::new(GrowingCache::new()), Box::new(GrowingCache::new())];
+    let mut list = ListCache::new(parts).unwrap();
+    assert!(list.update_and_fetch(&kv(1), &kv(1)).is_err(), "a list is updated through its parts");
+    let parts = list.parts_mut().unwrap();
+    parts[0].update_and_fetch(&kv(9), &kv(9)).unwrap();
+    parts[1].update_and_fetch(&kv(9), &kv(9).mul_scalar(2.0).unwrap()).unwrap();
+    assert_eq!(list.trim(2).unwrap(), 2);
+    assert_eq!(list.offset(), 7);
+    let path = std::env::temp_dir().join(format!("mlx-gen-cache-list-{}.safetensors", std::process::id()));
+    save_prompt_cache(&path, &[Box::new(list) as Box<dyn KvCache>], &[]).unwrap();
+    let mut loaded = load_prompt_cache(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let (class, _) = loaded.cache[0].saved_state().unwrap();
+    assert_eq!(class, "CacheList");
+    let parts = loaded.cache[0].parts_mut().expect("a list again");
+    assert_eq!(parts.len(), 2);
+    for (i, p) in parts.iter_mut().enumerate() {
+        assert_eq!(p.offset(), 7);
+        let (_, v) = p.update_and_fetch(&kv(1), &kv(1)).unwrap();
+        let want = kv(9).slice_axis(2, 0, 7).unwrap().mul_scalar(if i == 0 { 1.0 } else { 2.0 }).unwrap();
+        assert_eq!(v.slice_axis(2, 0, 7).unwrap().to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap(), "part {i}");
+    }
+}

@@ -6,10 +6,11 @@
 //! `e_score_correction_bias`, group-limited top-k, normalised weights and shared experts.
 use super::deepseek_v2::{is_moe, mla_spec, parse, stack_dims, Config as V2Config};
 use super::stack::{Arch, Block, Part, Stack};
+use std::marker::PhantomData;
 use super::Model;
 use crate::cache::{create_causal_mask, CacheMask, KvCache};
 use crate::error::{EngineError, Result};
-use crate::nn::mla::{MlaProjections, MlaSpec, MultiLinear};
+use crate::nn::mla::{MlaInputs, MlaProjections, MlaSpec, MultiLinear};
 use crate::nn::moe::{stack_experts, Ffn, Gate, GluMlp, GroupScore, Routing, Scoring};
 use crate::nn::{QuantConfig, Rope, RopeScaling};
 use checkpoint::{Vb, Weights};
@@ -21,7 +22,7 @@ use serde::Deserialize;
 
 /// The fields of deepseek_v3.py's `ModelArgs` that V2's lacks (the rest read as [`V2Config`]).
 #[derive(Debug, Deserialize)]
-struct V3Fields {
+pub(super) struct V3Fields {
     norm_topk_prob: bool,
     n_group: i32,
     topk_group: i32,
@@ -30,7 +31,7 @@ struct V3Fields {
 }
 
 /// deepseek_v3.py's defaults where they differ from deepseek_v2.py's.
-fn v3_defaults() -> serde_json::Value {
+pub(super) fn v3_defaults() -> serde_json::Value {
     serde_json::json!({
         "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true,
         "n_group": 1, "topk_group": 1, "num_experts_per_tok": 1,
@@ -38,7 +39,7 @@ fn v3_defaults() -> serde_json::Value {
 }
 
 #[derive(Clone)]
-struct Attention {
+pub(super) struct Attention {
     proj: MlaProjections,
     embed_q: MultiLinear,     // (heads, kv_lora_rank, qk_nope_head_dim)
     unembed_out: MultiLinear, // (heads, v_head_dim, kv_lora_rank)
@@ -58,9 +59,9 @@ impl Attention {
         })
     }
 
-    /// `mask`: the boolean causal mask (mlx-lm's `return_array=True`), `None` for one position.
-    fn forward(&self, x: &Array, mask: Option<&Array>, cache: &mut dyn KvCache) -> Result<Array> {
-        let (b, l) = (x.dim(0), x.dim(1));
+    /// The projections, RoPE at the cache's positions and the cache update: the inputs with
+    /// `q_pe` rotated, and every cached latent (B, 1, S, kv_lora_rank) and RoPE key (B, 1, S, rope).
+    pub(super) fn project_and_cache(&self, x: &Array, cache: &mut dyn KvCache) -> Result<(MlaInputs, Array, Array)> {
         let p = self.proj.project(x)?;
         let q_pe = self.rope.forward_cached(&p.q_pe, cache)?;
         let k_pe = self.rope.forward_cached(&p.k_pe, cache)?;
@@ -73,6 +74,14 @@ impl Attention {
             ));
         }
         let (kv_latent, k_pe) = cache.update_and_fetch(&kv_latent, &k_pe)?;
+        Ok((MlaInputs { q_pe, ..p }, kv_latent, k_pe))
+    }
+
+    /// Absorbed attention of `q_nope` / `q_pe` (B, H, L, .) over the latents `kv_latent`
+    /// (B, 1, S, kv_lora_rank) and RoPE keys `k_pe` (B, 1, S, rope), with the boolean `mask`
+    /// ((L, S) or (B, 1, L, S); `None`: all); -> (B, L, hidden).
+    pub(super) fn attend(&self, q_nope: &Array, q_pe: &Array, kv_latent: &Array, k_pe: &Array, mask: Option<&Array>) -> Result<Array> {
+        let (b, l) = (q_nope.dim(0), q_nope.dim(2));
         let pe_scores = q_pe.mul_scalar(self.scale)?.matmul(&k_pe.swapaxes(-1, -2)?)?; // (B, H, L, S)
         let pe_scores = match mask {
             Some(m) => {
@@ -83,15 +92,21 @@ impl Attention {
         };
         let scale = self.scale as f32;
         let out = if l == 1 {
-            let q_nope = self.embed_q.forward(&p.q_nope, true)?; // (B, H, 1, kv_lora_rank)
-            let out = crate::nn::sdpa::sdpa(&q_nope, &kv_latent, &kv_latent, scale, Mask::Array(&pe_scores))?;
+            let q_nope = self.embed_q.forward(q_nope, true)?; // (B, H, 1, kv_lora_rank)
+            let out = crate::nn::sdpa::sdpa(&q_nope, kv_latent, kv_latent, scale, Mask::Array(&pe_scores))?;
             self.unembed_out.forward(&out, true)?
         } else {
-            let k = self.embed_q.forward(&kv_latent, false)?;
-            let v = self.unembed_out.forward(&kv_latent, true)?;
-            crate::nn::sdpa::sdpa(&p.q_nope, &k, &v, scale, Mask::Array(&pe_scores))?
+            let k = self.embed_q.forward(kv_latent, false)?;
+            let v = self.unembed_out.forward(kv_latent, true)?;
+            crate::nn::sdpa::sdpa(q_nope, &k, &v, scale, Mask::Array(&pe_scores))?
         };
         self.proj.o_proj.forward(&out.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
+    }
+
+    /// `mask`: the boolean causal mask (mlx-lm's `return_array=True`), `None` for one position.
+    fn forward(&self, x: &Array, mask: Option<&Array>, cache: &mut dyn KvCache) -> Result<Array> {
+        let (p, kv_latent, k_pe) = self.project_and_cache(x, cache)?;
+        self.attend(&p.q_nope, &p.q_pe, &kv_latent, &k_pe, mask)
     }
 }
 
@@ -108,15 +123,32 @@ impl Part for Attention {
     }
 }
 
-/// deepseek_v3's part of the model (see [`super::stack::Arch`]): the boolean mask of the first
-/// cache (`create_attention_mask(h, cache[0], return_array=True)`).
-struct DeepseekV3 {
-    model_type: String,
-    vocab_size: i32,
+/// The attention of a DeepSeek-V3-style layer: V3's own, or deepseek_v32's sparse one over it.
+pub(super) trait LatentAttention: Part + 'static {
+    /// `mask`: the boolean causal mask (mlx-lm's `return_array=True`), `None` for one position.
+    fn forward(&self, x: &Array, mask: Option<&Array>, cache: &mut dyn KvCache) -> Result<Array>;
+    /// The layer's own cache (the model's `make_cache`), `None`: mlx-lm's default caches.
+    fn own_cache() -> Option<Box<dyn KvCache>> {
+        None
+    }
 }
 
-impl Arch for DeepseekV3 {
-    type Attn = Attention;
+impl LatentAttention for Attention {
+    fn forward(&self, x: &Array, mask: Option<&Array>, cache: &mut dyn KvCache) -> Result<Array> {
+        Attention::forward(self, x, mask, cache)
+    }
+}
+
+/// deepseek_v3's part of the model (see [`super::stack::Arch`]), with attention `A`: the boolean
+/// mask of the first cache (`create_attention_mask(h, cache[0], return_array=True)`).
+pub(super) struct DeepseekV3<A> {
+    model_type: String,
+    vocab_size: i32,
+    attn: PhantomData<fn() -> A>,
+}
+
+impl<A: LatentAttention> Arch for DeepseekV3<A> {
+    type Attn = A;
     type Ffn = Ffn<Gate>;
     type Masks = Option<Array>;
 
@@ -137,8 +169,19 @@ impl Arch for DeepseekV3 {
         })
     }
 
-    fn attend(&self, attn: &Attention, x: &Array, _layer: usize, mask: &Option<Array>, cache: &mut dyn KvCache) -> Result<Array> {
+    fn attend(&self, attn: &A, x: &Array, _layer: usize, mask: &Option<Array>, cache: &mut dyn KvCache) -> Result<Array> {
         attn.forward(x, mask.as_ref(), cache)
+    }
+
+    fn make_cache(&self, first_layer: usize, n: usize) -> Vec<Box<dyn KvCache>> {
+        self.make_prompt_cache(first_layer, n, None)
+    }
+
+    fn make_prompt_cache(&self, _first_layer: usize, n: usize, max_kv_size: Option<i32>) -> Vec<Box<dyn KvCache>> {
+        match A::own_cache() {
+            Some(_) => (0..n).filter_map(|_| A::own_cache()).collect(),
+            None => super::default_caches(n, max_kv_size),
+        }
     }
 }
 
@@ -175,37 +218,41 @@ pub(super) fn split_kv_b(weights: &mut Weights, prefix: &str, c: &MlaSpec) -> Re
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn load_layer(l: &Vb<'_>, i: i32, c: &V2Config, r: &V3Fields, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Block<Attention, Ffn<Gate>>> {
-    let a = l.pp("self_attn");
-    let (d, h) = (c.hidden_size, c.num_attention_heads);
-    let mlp = if is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
-        let m = l.pp("mlp");
-        let experts = c.n_routed_experts.unwrap_or(0);
-        // MoEGate and the compiled group_expert_select: sigmoid scores in float32 plus the
-        // correction bias choose (group-limited), the uncorrected scores weigh, normalised, scaled.
-        let k = r.num_experts_per_tok;
-        let routing = Routing {
-            scoring: Scoring::Sigmoid,
-            float32: true,
-            groups: (r.n_group > 1).then_some((r.n_group, r.topk_group, GroupScore::TopTwoSum)),
-            normalize: k > 1 && r.norm_topk_prob,
-            scaling: Some(c.routed_scaling_factor),
-            ..Routing::softmax_top_k(k)
-        };
-        let gate = Gate::load_float(&m, d, experts, routing, true)?;
-        Ffn::moe(&m, gate, d, c.moe_intermediate_size, experts, c.n_shared_experts, q)?
-    } else {
-        Ffn::Dense(GluMlp::load(&l.pp("mlp"), d, c.intermediate_size, q)?)
+/// Layer `i`'s feed-forward part: dense, or (`is_moe`) V3's routed + shared experts.
+pub(super) fn load_ffn(l: &Vb<'_>, i: i32, c: &V2Config, r: &V3Fields, q: &QuantConfig) -> Result<Ffn<Gate>> {
+    let (m, d) = (l.pp("mlp"), c.hidden_size);
+    if !is_moe(c.n_routed_experts, c.first_k_dense_replace, c.moe_layer_freq, i) {
+        return Ok(Ffn::Dense(GluMlp::load(&m, d, c.intermediate_size, q)?));
+    }
+    let experts = c.n_routed_experts.unwrap_or(0);
+    // MoEGate and the compiled group_expert_select: sigmoid scores in float32 plus the
+    // correction bias choose (group-limited), the uncorrected scores weigh, normalised, scaled.
+    let k = r.num_experts_per_tok;
+    let routing = Routing {
+        scoring: Scoring::Sigmoid,
+        float32: true,
+        groups: (r.n_group > 1).then_some((r.n_group, r.topk_group, GroupScore::TopTwoSum)),
+        normalize: k > 1 && r.norm_topk_prob,
+        scaling: Some(c.routed_scaling_factor),
+        ..Routing::softmax_top_k(k)
     };
-    let self_attn = Attention {
-        proj: MlaProjections::load(&a, spec, q)?,
-        embed_q: MultiLinear::load(&a.pp("embed_q"), c.qk_nope_head_dim, c.kv_lora_rank, h, q)?,
-        unembed_out: MultiLinear::load(&a.pp("unembed_out"), c.kv_lora_rank, c.v_head_dim, h, q)?,
-        scale,
-        rope: rope.clone(),
-    };
-    Block::load(l, self_attn, mlp, d, c.rms_norm_eps)
+    let gate = Gate::load_float(&m, d, experts, routing, true)?;
+    Ffn::moe(&m, gate, d, c.moe_intermediate_size, experts, c.n_shared_experts, q)
+}
+
+impl Attention {
+    /// `self_attn` of a layer (`a`), its `kv_b_proj` already split by [`split_kv_b`]; the rope
+    /// and the softmax scale as [`load_as`] makes them.
+    pub(super) fn load(a: &Vb<'_>, c: &V2Config, spec: &MlaSpec, rope: &Rope, scale: f64, q: &QuantConfig) -> Result<Attention> {
+        let h = c.num_attention_heads;
+        Ok(Attention {
+            proj: MlaProjections::load(a, spec, q)?,
+            embed_q: MultiLinear::load(&a.pp("embed_q"), c.qk_nope_head_dim, c.kv_lora_rank, h, q)?,
+            unembed_out: MultiLinear::load(&a.pp("unembed_out"), c.kv_lora_rank, c.v_head_dim, h, q)?,
+            scale,
+            rope: rope.clone(),
+        })
+    }
 }
 
 /// `initialize_rope(dims, base, traditional=True, scaling_config)` for the kinds DeepSeek uses.
@@ -217,15 +264,57 @@ fn rope_for(dims: i32, base: f64, scaling: Option<&RopeScaling>) -> Result<Rope>
     }
 }
 
-pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
-    let c: V2Config = parse(config, v3_defaults())?;
-    let r: V3Fields = parse(config, v3_defaults())?;
+/// How many randomly initialised modules deepseek_v3.py's (and deepseek_v32.py's) classes make
+/// for the checkpoint tensor `{base}.weight` (`--seed` counts mlx-lm's draws at load): none for the
+/// router (`MoEGate.weight` starts as zeros) and for experts after the first (stacked into one
+/// `SwitchLinear`), two for `kv_b_proj` (`embed_q` and `unembed_out`).
+pub fn init_modules(base: &str) -> usize {
+    let expert = base.split_once(".experts.").and_then(|(_, rest)| rest.split('.').next()?.parse::<u32>().ok());
+    match expert {
+        Some(e) if e > 0 => 0,
+        _ if base.ends_with(".mlp.gate") => 0,
+        _ if base.ends_with(".kv_b_proj") => 2,
+        _ => 1,
+    }
+}
+
+/// The config as deepseek_v3.py reads it (V2's fields and V3's own) over `defaults` (V3's, or a
+/// V3 variant's), `topk_method` checked.
+pub(super) fn parse_v3(config: &serde_json::Value, defaults: serde_json::Value) -> Result<(V2Config, V3Fields)> {
+    let c: V2Config = parse(config, defaults.clone())?;
+    let r: V3Fields = parse(config, defaults)?;
     if r.topk_method != "noaux_tc" {
         return Err(EngineError::Config(format!("topk_method {:?} is not supported (mlx-lm: noaux_tc)", r.topk_method)));
     }
-    let spec = mla_spec(&c);
+    Ok((c, r))
+}
+
+/// The layers this process loads, each `Block(attn(layer weights, rope, scale), load_ffn)`, in
+/// the skeleton with attention `A`: the weights already sanitized.
+pub(super) fn load_as<A: LatentAttention>(
+    c: &V2Config,
+    r: &V3Fields,
+    weights: &Weights,
+    q: &QuantConfig,
+    attn: impl Fn(&Vb<'_>, &Rope, f64) -> Result<A>,
+) -> Result<Box<dyn Model>> {
+    let spec = mla_spec(c);
     let rope = rope_for(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling.as_ref())?;
     let scale = spec.scale(c.rope_scaling.as_ref());
+    let vb = weights.view("model");
+    let mut layers = Vec::new();
+    for i in (0..c.num_hidden_layers).filter(|&i| weights.loads_layer(i)) {
+        let l = vb.pp("layers").pp(i);
+        let self_attn = attn(&l.pp("self_attn"), &rope, scale)?;
+        layers.push(Block::load(&l, self_attn, load_ffn(&l, i, c, r, q)?, c.hidden_size, c.rms_norm_eps)?);
+    }
+    let arch = DeepseekV3 { model_type: c.model_type.clone(), vocab_size: c.vocab_size, attn: PhantomData };
+    Ok(Box::new(Stack::load(arch, layers, stack_dims(c), weights, q)?))
+}
+
+pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
+    let (c, r) = parse_v3(config, v3_defaults())?;
+    let spec = mla_spec(&c);
     // sanitize: int4 and FP8 checkpoints as published, stack experts, split kv_b_proj, drop the
     // multi-token-prediction layer (61) and precomputed rotary frequencies.
     super::hf_quant::sanitize(weights)?;
@@ -234,11 +323,5 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         split_kv_b(weights, &format!("model.layers.{i}.self_attn"), &spec)?;
     }
     weights.drop_where(|n| n.starts_with("model.layers.61") || n.contains("rotary_emb.inv_freq"));
-    let vb = weights.view("model");
-    let layers = (0..c.num_hidden_layers)
-        .filter(|&i| weights.loads_layer(i))
-        .map(|i| load_layer(&vb.pp("layers").pp(i), i, &c, &r, &spec, &rope, scale, q))
-        .collect::<Result<Vec<_>>>()?;
-    let arch = DeepseekV3 { model_type: c.model_type.clone(), vocab_size: c.vocab_size };
-    Ok(Box::new(Stack::load(arch, layers, stack_dims(&c), weights, q)?))
+    load_as(&c, &r, weights, q, |a, rope, scale| Attention::load(a, &c, &spec, rope, scale, q))
 }

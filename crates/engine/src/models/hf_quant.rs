@@ -54,7 +54,7 @@ pub fn remap_packed_int4(weights: &mut Weights) -> Result<()> {
 
 /// Every `X.weight_scale_inv` (float32, one scale per 128x128 block, the last blocks partial)
 /// dequantizes `X.weight` to bfloat16 and is dropped.
-fn dequantize_fp8(weights: &mut Weights) -> Result<()> {
+pub fn dequantize_fp8(weights: &mut Weights) -> Result<()> {
     for k in weights.names() {
         if !k.contains("weight_scale_inv") {
             continue;

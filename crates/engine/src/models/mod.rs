@@ -1,6 +1,8 @@
 //! The model trait and the registry from config.json's `model_type` to an architecture file.
 pub mod deepseek_v2;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
+pub mod deepseek_v41;
 mod hf_quant;
 pub mod llama;
 pub mod mistral4;
@@ -23,7 +25,7 @@ use crate::error::{EngineError, Result};
 use crate::nn::QuantConfig;
 use checkpoint::Weights;
 use mlx::Array;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A loaded language model.
 pub trait Model {
@@ -109,6 +111,8 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("qwen3", qwen3::load),
     ("deepseek_v2", deepseek_v2::load),
     ("deepseek_v3", deepseek_v3::load),
+    ("deepseek_v32", deepseek_v32::load),
+    ("deepseek_v41", deepseek_v41::load),
     ("qwen2_moe", qwen2_moe::load),
     ("qwen3_moe", qwen3_moe::load),
     ("mixtral", mixtral::load),
@@ -129,6 +133,8 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "qwen3_moe" => Some(qwen3_moe::sanitize),
         "mixtral" => Some(mixtral::sanitize),
         "mistral4" => Some(mistral4::sanitize),
+        "deepseek_v32" => Some(deepseek_v32::sanitize),
+        "deepseek_v41" => Some(deepseek_v41::sanitize),
         _ => None,
     };
     if let Some(f) = own {
@@ -149,7 +155,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, ministral3, mistral3, llama4, llama4_text".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, deepseek_v32, deepseek_v41, ministral3, mistral3, llama4, llama4_text".into(),
             })
         }
     };
@@ -174,11 +180,65 @@ pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpe
     }
 }
 
+/// Whether mlx-lm quantizes `model_type`'s `{layer}.weight` when converting: not DeepSeek's router
+/// (`MoEGate` / `Router` hold a plain matrix, not a Linear).
+pub fn quantizable(model_type: &str, layer: &str) -> bool {
+    !(matches!(model_type, "deepseek_v32" | "deepseek_v41") && layer.ends_with(".mlp.gate"))
+}
+
+/// Whether the parameter `name` counts in `total_parameters` when converting (mlx-lm counts leaf
+/// modules only): not deepseek_v41's attention sinks, held by the attention module itself.
+pub fn counted(model_type: &str, name: &str) -> bool {
+    !(model_type == "deepseek_v41" && name.ends_with(".self_attn.sinks"))
+}
+
+/// Whether `model_type`'s mlx-lm class keeps the parameter `name` in its own dtype when
+/// converting (its `cast_predicate` says no cast), e.g. DeepSeek's float32 router bias.
+pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
+    match model_type {
+        "deepseek_v32" => name.contains("e_score_correction_bias"),
+        // The reference runtime keeps these in float32.
+        "deepseek_v41" => ["attn_hc.", "ffn_hc.", "sinks", "e_score_correction_bias", "compressor."].iter().any(|k| name.contains(k)),
+        _ => false,
+    }
+}
+
 /// What `model_type`'s mlx-lm config class writes into the config dict itself, so that
 /// `mlx_lm.convert` saves it (the CLI hands it to `formats::convert` with [`sanitize`]).
 pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
     if model_type == "mistral3" {
         mistral3::update_config(config);
+    }
+}
+
+/// A checkpoint's tensor shapes by name as `model_type`'s `sanitize` leaves them (for
+/// `--seed`'s count of the draws mlx-lm makes at load): DeepSeek's multi-token-prediction layers
+/// (index >= num_hidden_layers) dropped, V4.1's published names mapped; else unchanged.
+pub fn sanitized_shapes(config: &serde_json::Value, mut shapes: HashMap<String, Vec<i64>>) -> HashMap<String, Vec<i64>> {
+    match config.get("model_type").and_then(|t| t.as_str()) {
+        Some("deepseek_v41") => deepseek_v41::sanitized_shapes(shapes),
+        Some("deepseek_v3" | "deepseek_v32") => {
+            let n = config.get("num_hidden_layers").and_then(serde_json::Value::as_i64).unwrap_or(i64::MAX);
+            shapes.retain(|k, _| {
+                let parts: Vec<&str> = k.split('.').collect();
+                !(parts.len() >= 3 && parts[1] == "layers" && parts[2].parse::<i64>().is_ok_and(|i| i >= n))
+            });
+            shapes
+        }
+        _ => shapes,
+    }
+}
+
+/// How many randomly initialised modules `model_type`'s mlx-lm class makes for the checkpoint
+/// tensor `{base}.weight` of `rank` dimensions (see `sample::seed`): by default one for a matrix
+/// or a quantized layer, none for norms and other vectors (ones or zeros).
+pub fn init_modules(model_type: &str, base: &str, rank: usize, quantized: bool) -> usize {
+    match model_type {
+        "deepseek_v3" | "deepseek_v32" if rank == 2 || quantized => deepseek_v3::init_modules(base),
+        // Its routers start as zeros; o_a_proj and the experts are SwitchLinears (3-D).
+        "deepseek_v41" if base.ends_with(".mlp.gate") => 0,
+        "deepseek_v41" => usize::from(rank >= 2 || quantized),
+        _ => usize::from(rank == 2 || quantized),
     }
 }
 

@@ -63,6 +63,8 @@ pub struct MlaInputs {
     pub q_pe: Array,      // (B, heads, L, qk_rope_head_dim)
     pub kv_latent: Array, // (B, L, kv_lora_rank), after kv_a_layernorm
     pub k_pe: Array,      // (B, 1, L, qk_rope_head_dim)
+    /// The low-rank query path's normed `q_a_proj` output (B, L, q_lora_rank); `None` when direct.
+    pub q_residual: Option<Array>,
 }
 
 impl MlaProjections {
@@ -125,9 +127,12 @@ impl MlaProjections {
     pub fn project(&self, x: &Array) -> Result<MlaInputs> {
         let s = &self.spec;
         let (b, l) = (x.dim(0), x.dim(1));
-        let q = match &self.q {
-            QProj::Direct(p) => p.forward(x)?,
-            QProj::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x)?)?)?,
+        let (q, q_residual) = match &self.q {
+            QProj::Direct(p) => (p.forward(x)?, None),
+            QProj::LowRank { a, norm, b } => {
+                let qr = norm.forward(&a.forward(x)?)?;
+                (b.forward(&qr)?, Some(qr))
+            }
         };
         let q = q.reshape(&[b, l, s.n_heads, s.q_head_dim()])?.transpose(&[0, 2, 1, 3])?;
         let (nope, r) = (s.qk_nope_head_dim, s.kv_lora_rank);
@@ -138,6 +143,7 @@ impl MlaProjections {
             q_pe: q.slice_axis(-1, nope, i32::MAX)?,
             kv_latent: self.kv_a_layernorm.forward(&compressed.slice_axis(-1, 0, r)?)?,
             k_pe: k_pe.reshape(&[b, l, 1, s.qk_rope_head_dim])?.transpose(&[0, 2, 1, 3])?,
+            q_residual,
         })
     }
 }

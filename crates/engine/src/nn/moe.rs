@@ -75,6 +75,16 @@ impl SwitchLinear {
         }))
     }
 
+    /// This rank's block of the experts themselves (axis 0: mlx-lm's `shard_inplace` with the
+    /// segments on axis 0), each kept whole.
+    pub fn shard_experts(&self, group: &Group) -> Result<SwitchLinear> {
+        let part = |a: &Array| shard::block(a, 0, group.rank(), group.size());
+        Ok(SwitchLinear(match &self.0 {
+            SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
+            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
+        }))
+    }
+
     /// x (..., 1, in) with expert `indices` -> (..., 1, out).
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         Ok(match &self.0 {
@@ -130,6 +140,11 @@ impl SwitchGlu {
 
     /// x (B, L, dims), indices (B, L, k) -> (B, L, k, dims): each token through each chosen expert.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        self.forward_with(x, indices, |up, gate| Ok(mlx::fast::swiglu(gate, up)?))
+    }
+
+    /// [`SwitchGlu::forward`] with the activation `act(up, gate)` (a `SwitchGLU(activation=...)`).
+    pub fn forward_with(&self, x: &Array, indices: &Array, act: impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
         let x = x.expand_dims(&[-2, -3])?; // (B, L, 1, 1, dims)
         // With many tokens, sort them by expert so each expert's weights are read in order.
         let do_sort = indices.size() >= 64;
@@ -147,7 +162,7 @@ impl SwitchGlu {
         };
         let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
         let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let y = self.down_proj.forward(&mlx::fast::swiglu(&x_gate, &x_up)?, &idx, do_sort)?;
+        let y = self.down_proj.forward(&act(&x_up, &x_gate)?, &idx, do_sort)?;
         let y = match inv_order {
             Some(inv) => {
                 // _scatter_unsort, then unflatten to (B, L, k, 1, dims)

@@ -83,10 +83,10 @@ impl QuantConfig {
             "fp8" => {
                 let ue8m0 = hf.get("scale_fmt").and_then(|f| f.as_str()) == Some("ue8m0");
                 let blocks32 = hf.get("weight_block_size") == Some(&serde_json::json!([32, 32]));
-                if ue8m0 && blocks32 {
-                    return unsupported("fp8 with ue8m0 scales over 32x32 blocks (MLX's mxfp8 mode)".into());
-                }
-                Ok(QuantConfig::default())
+                // Power-of-two scales over 32x32 blocks are mxfp8: the architecture's sanitize
+                // keeps those weights packed; other FP8 checkpoints it dequantizes.
+                let default = (ue8m0 && blocks32).then_some(QuantSpec { group_size: 32, bits: 8, mode: QuantMode::Mxfp8 });
+                Ok(QuantConfig { default, overrides: HashMap::new() })
             }
             "compressed-tensors" => match hf.get("format").and_then(|f| f.as_str()) {
                 Some("pack-quantized") => {
@@ -218,8 +218,8 @@ mod tests {
     fn hugging_face_quantization_configs() {
         let fp8 = hf(json!({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]})).unwrap();
         assert_eq!(fp8.default, None, "FP8 block-scaled weights are dequantized by sanitize");
-        let mx = hf(json!({"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [32, 32]}));
-        assert!(mx.unwrap_err().to_string().contains("mxfp8"));
+        let mx = hf(json!({"quant_method": "fp8", "scale_fmt": "ue8m0", "weight_block_size": [32, 32]})).unwrap();
+        assert_eq!(mx.default, Some(QuantSpec { group_size: 32, bits: 8, mode: QuantMode::Mxfp8 }), "ue8m0 32x32 blocks stay packed as mxfp8");
         let int4 = hf(json!({"quant_method": "compressed-tensors", "format": "pack-quantized"})).unwrap();
         assert_eq!(int4.default, Some(QuantSpec::affine(32, 4)));
         let f8 = hf(json!({"quant_method": "compressed-tensors", "format": "float-quantized"}));

@@ -82,6 +82,23 @@ impl Rope {
         }
     }
 
+    /// `YarnRoPE.__call__(x, offset, scale, inverse)`: positions `offset..` times `scale`; `inverse`
+    /// rotates back (negated frequencies, the input scale inverted). YaRN ropes only.
+    pub fn forward_scaled(&self, x: &Array, offset: i32, scale: f32, inverse: bool) -> Result<Array> {
+        let Rope::Yarn { dims, traditional, freqs, mscale } = self else {
+            return Err(EngineError::Config("a scaled or inverse rotation needs a YaRN rope".into()));
+        };
+        let x = if *mscale == 1.0 {
+            x.clone()
+        } else {
+            let s = if inverse { 1.0 / mscale } else { *mscale };
+            let head = x.slice_axis(-1, 0, *dims)?.mul_scalar(s)?;
+            ops::concatenate(&[&head, &x.slice_axis(-1, *dims, i32::MAX)?], -1)?
+        };
+        let freqs = if inverse { freqs.neg()? } else { freqs.clone() };
+        Ok(fast::rope(&x, *dims, *traditional, None, scale, offset, Some(&freqs))?)
+    }
+
     fn apply(&self, x: &Array, offset: Offset<'_>) -> Result<Array> {
         let rope = |x: &Array, dims: i32, traditional: bool, base: Option<f32>, scale: f32, freqs: Option<&Array>| match offset {
             Offset::Same(o) => fast::rope(x, dims, traditional, base, scale, o, freqs),

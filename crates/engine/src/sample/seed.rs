@@ -77,8 +77,9 @@ fn read_header(path: &Path) -> std::result::Result<Vec<u8>, String> {
 
 /// How many times mlx-lm's `load` splits MLX's global key for the model in `dir`.
 pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize> {
-    let shapes = tensor_shapes(dir)?;
     let tied = config.get("tie_word_embeddings").and_then(|v| v.as_bool()) == Some(true);
+    let model_type = config.get("model_type").and_then(|v| v.as_str()).unwrap_or_default();
+    let shapes = crate::models::sanitized_shapes(config, tensor_shapes(dir)?);
     let mut draws = 0;
     for (name, shape) in &shapes {
         let Some(base) = name.strip_suffix(".weight") else { continue };
@@ -86,10 +87,8 @@ pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize
             continue; // sanitize drops it: no module
         }
         let quantized = shapes.contains_key(&format!("{base}.scales"));
-        if shape.len() != 2 && !quantized {
-            continue; // norms and other vectors: initialised with ones/zeros
-        }
-        draws += 1 + usize::from(quantized) + usize::from(shapes.contains_key(&format!("{base}.bias")));
+        let per_module = 1 + usize::from(quantized) + usize::from(shapes.contains_key(&format!("{base}.bias")));
+        draws += crate::models::init_modules(model_type, base, shape.len(), quantized) * per_module;
     }
     Ok(draws)
 }
