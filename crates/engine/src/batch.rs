@@ -388,14 +388,19 @@ pub fn is_batchable(model: &dyn Model) -> bool {
     model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache"))
 }
 
-/// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass.
+/// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass
+/// (a recurrent layer's state, the same size at every length, is not counted).
 pub fn kv_bytes_per_token(model: &dyn Model) -> Result<usize> {
-    let mut cache: Vec<Box<dyn KvCache>> = (0..model.make_cache().len()).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect();
+    let mut cache: Vec<Box<dyn KvCache>> = model
+        .make_cache()
+        .into_iter()
+        .map(|c| if c.as_arrays().is_some() { c } else { Box::new(GrowingCache::new()) as Box<dyn KvCache> })
+        .collect();
     model.forward(&Array::from_slice(&[0i32], &[1, 1])?, &mut cache)?;
     let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
     mlx::eval(&state.iter().collect::<Vec<_>>())?;
     // A growing cache holds whole steps of 256 positions.
-    Ok((cache.iter().map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
+    Ok((cache.iter().filter(|c| c.as_arrays().is_none()).map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
 }
 
 /// The token history the logits processors start from: the prompt (its last `history_needed`).

@@ -1,7 +1,7 @@
 //! Prompt-cache files in mlx-lm's `save_prompt_cache` / `load_prompt_cache` format: safetensors
 //! whose tensors are the flattened cache states (`"{layer}.{i}[.{j}]"`, scalars as 0-d int32,
 //! `None` as an empty array) and whose metadata is the flattened `[metadata, classes, scalars]`.
-use super::{ChunkedCache, GrowingCache, KvCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
+use super::{ArraysCache, ChunkedCache, GrowingCache, KvCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::ops::QuantSpec;
 use mlx::Array;
@@ -144,9 +144,22 @@ pub fn load_prompt_cache(path: &Path) -> Result<PromptCacheFile> {
                 let spec = QuantSpec::affine(r.int(&p(3))?, r.int(&p(4))?);
                 Box::new(QuantizedCache::from_state(r.triple(&p(0))?, r.triple(&p(1))?, r.int(&p(2))?, spec)?)
             }
+            "ArraysCache" => {
+                let slot = |j: usize| format!("{i}.0.{j}");
+                let n = (0..).take_while(|j| r.tensors.contains_key(&slot(*j))).count();
+                let slots = (0..n).map(|j| r.array(&slot(j))).collect::<Result<Vec<_>>>()?;
+                Box::new(ArraysCache::from_state(slots, 0))
+            }
             other => return Err(Reader::bad(&format!("cache class {other} is not supported"))),
         };
         cache.push(c);
+    }
+    // mlx-lm's ArraysCache keeps no position count: the positions are those of the model's KV caches.
+    let offset = cache.iter().find(|c| c.as_arrays().is_none()).map_or(0, |c| c.offset());
+    for c in cache.iter_mut() {
+        if let Some(a) = c.as_arrays_mut() {
+            a.set_offset(offset);
+        }
     }
     Ok(PromptCacheFile { cache, metadata })
 }

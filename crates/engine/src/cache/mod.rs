@@ -1,5 +1,7 @@
 //! KV caches behind one trait, chosen per layer by the model. Keys and values are stored after
-//! RoPE, shaped (B, kv_heads, positions, head_dim).
+//! RoPE, shaped (B, kv_heads, positions, head_dim); a recurrent layer's state ([`ArraysCache`])
+//! sits behind the same trait.
+mod arrays;
 mod batch;
 mod chunked;
 mod file;
@@ -11,6 +13,7 @@ mod rotating;
 #[cfg(test)]
 mod tests;
 
+pub use arrays::ArraysCache;
 pub use batch::BatchCache;
 pub use chunked::ChunkedCache;
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
@@ -47,6 +50,13 @@ pub trait KvCache {
         None
     }
     fn as_batch_mut(&mut self) -> Option<&mut BatchCache> {
+        None
+    }
+    /// This cache as a recurrent layer's state, when it is one.
+    fn as_arrays(&self) -> Option<&ArraysCache> {
+        None
+    }
+    fn as_arrays_mut(&mut self) -> Option<&mut ArraysCache> {
         None
     }
     /// A batch cache's per-row RoPE offsets (B,) int32; `None` when every row is at `offset()`.
@@ -138,9 +148,11 @@ pub fn can_trim_prompt_cache(cache: &[Box<dyn KvCache>]) -> bool {
 /// mlx-lm's `trim_prompt_cache`, but with an error (not a silent 0) when some cache cannot be trimmed.
 pub fn trim_prompt_cache(cache: &mut [Box<dyn KvCache>], n: i32) -> Result<i32> {
     if !can_trim_prompt_cache(cache) {
-        return Err(EngineError::Invalid(
-            "the KV cache cannot be trimmed (a rotating cache that has wrapped around its window)".into(),
-        ));
+        let why = match cache.iter().any(|c| c.as_arrays().is_some()) {
+            true => "the model's recurrent (linear-attention) layer states",
+            false => "a rotating cache that has wrapped around its window",
+        };
+        return Err(EngineError::Invalid(format!("the KV cache cannot be trimmed ({why})")));
     }
     let mut first = 0;
     for (i, c) in cache.iter_mut().enumerate() {

@@ -13,6 +13,9 @@ pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3_next;
+pub mod qwen3_5;
+pub mod qwen3_5_moe;
 mod stack;
 mod transformer;
 
@@ -117,6 +120,9 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("mistral3", mistral3::load),
     ("llama4_text", llama4_text::load),
     ("llama4", llama4::load),
+    ("qwen3_next", qwen3_next::load),
+    ("qwen3_5", qwen3_5::load),
+    ("qwen3_5_moe", qwen3_5_moe::load),
 ];
 
 /// mlx-lm's `Model.sanitize` for a Hugging Face float checkpoint of `model_type`, as `mlx-gen
@@ -129,6 +135,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "qwen3_moe" => Some(qwen3_moe::sanitize),
         "mixtral" => Some(mixtral::sanitize),
         "mistral4" => Some(mistral4::sanitize),
+        "qwen3_next" => Some(qwen3_next::sanitize),
         _ => None,
     };
     if let Some(f) = own {
@@ -143,13 +150,15 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "ministral3" => return ministral3::sanitize(&whole(), weights),
         "mistral3" => return mistral3::sanitize(&whole(), weights),
         "llama4" => return llama4::sanitize(&whole(), weights),
+        "qwen3_5" => return qwen3_5::sanitize(weights),
+        "qwen3_5_moe" => return qwen3_5_moe::sanitize(weights),
         "llama4_text" => return Ok(()), // llama4_text.py has no sanitize
         "llama" | "mistral" | "qwen2" => Some(true),
         "qwen3" => None,
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, ministral3, mistral3, llama4, llama4_text".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, ministral3, mistral3, llama4, llama4_text, qwen3_next, qwen3_5, qwen3_5_moe".into(),
             })
         }
     };
@@ -170,6 +179,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
 pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpec> {
     match model_type {
         "qwen3_moe" => qwen3_moe::quant_override(path),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => qwen3_next::quant_override(path),
         _ => None,
     }
 }

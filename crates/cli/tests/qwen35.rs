@@ -1,0 +1,161 @@
+//! Oracle tests for the hybrid linear-attention architectures `qwen3_next`, `qwen3_5` and
+//! `qwen3_5_moe` (tests/oracle/make_qwen35.py: tiny random models in Hugging Face layout, float32,
+//! mlx-lm's own 4-bit conversions of them and an unquantized MLX folder): `mlx-gen generate`
+//! gives Python mlx-lm 0.32.2's greedy tokens and text (64 tokens), prompt logits within 1e-5
+//! (float32 activations and scales, the 4-bit ones too); seeded sampling equal; the layer-state
+//! cache through chunked prefill, `--kv-bits` (attention layers only), prompt-cache files both
+//! ways and a 4-turn chat that prefills only each turn's new tokens. Needs the oracle venv
+//! (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
+
+mod common;
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+const MAX_TOKENS: usize = 64;
+const CHAT_PROMPT: &str = "Hello, how are you?";
+const RAW_PROMPT: &str = "The capital of France is";
+const VARIANTS: &[&str] = &["qwen35-f32", "qwen35-mlx-f32", "qwen35-q4g32", "qwen35moe-f32", "qwen35moe-q4g32", "qwen3next-f32", "qwen3next-q4g32"];
+
+fn info() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(common::qwen35_models_dir().join("variants.json")).unwrap()).unwrap()
+}
+
+fn model(name: &str) -> PathBuf {
+    let d = common::qwen35_models_dir().join(name);
+    assert!(d.join("config.json").is_file(), "variant {name} missing from {}", common::qwen35_models_dir().display());
+    d
+}
+
+fn json_out(args: &[&str], stdin: Option<&[u8]>) -> Value {
+    let o = common::mlx_gen(args, stdin);
+    assert!(o.status.success(), "mlx-gen {args:?} failed:\n{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("mlx-gen JSON")
+}
+
+/// Every variant of one architecture with the chat prompt and the raw one.
+fn check_arch(prefix: &str) {
+    for v in VARIANTS.iter().filter(|v| v.starts_with(prefix) && !v[prefix.len()..].starts_with("moe")) {
+        common::check_against_reference(&model(v), true, CHAT_PROMPT, false, MAX_TOKENS);
+        common::check_against_reference(&model(v), true, RAW_PROMPT, true, MAX_TOKENS);
+    }
+}
+
+#[test]
+fn variants_are_covered() {
+    let built = info();
+    let mut built: Vec<&str> = built.as_object().unwrap().keys().map(String::as_str).collect();
+    built.sort_unstable();
+    assert_eq!(built, VARIANTS, "the tests must cover exactly the variants make_qwen35.py builds");
+}
+
+#[test]
+fn qwen3_next() {
+    check_arch("qwen3next");
+}
+
+#[test]
+fn qwen3_5() {
+    check_arch("qwen35");
+}
+
+#[test]
+fn qwen3_5_moe() {
+    check_arch("qwen35moe");
+}
+
+/// Chunked prefill (the recurrent state carried from chunk to chunk) and a quantized KV cache on
+/// the attention layers only (mlx-lm's `maybe_quantize_kv_cache` skips the ArraysCaches), against
+/// mlx-lm's generate (cache_reference.py).
+#[test]
+fn chunked_prefill_and_quantized_attention_caches() {
+    let cases: &[(&str, &[&str])] = &[
+        ("qwen35-f32", &["--prefill-step-size", "7"]),
+        ("qwen3next-f32", &["--prefill-step-size", "16"]),
+        ("qwen35-q4g32", &["--kv-bits", "4", "--kv-group-size", "32", "--quantized-kv-start", "20"]),
+        ("qwen35moe-f32", &["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0", "--prefill-step-size", "9"]),
+    ];
+    let json_cases: Vec<Value> = cases
+        .iter()
+        .map(|(v, flags)| {
+            let mut c = json!({"op": "generate", "model": model(v), "prompt": CHAT_PROMPT, "max_tokens": MAX_TOKENS});
+            for pair in flags.chunks(2) {
+                c[pair[0].trim_start_matches("--").replace('-', "_")] = Value::from(pair[1].parse::<i64>().unwrap());
+            }
+            c
+        })
+        .collect();
+    let refs = common::batched_reference("cache_reference.py", &json_cases);
+    for ((v, flags), r) in cases.iter().zip(&refs) {
+        let dir = model(v);
+        let max = MAX_TOKENS.to_string();
+        let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", &max, "--output", "json"];
+        args.extend(flags.iter());
+        let o = json_out(&args, None);
+        assert_eq!(o["tokens"], r["tokens"], "{v} {flags:?}: tokens differ from mlx-lm's");
+        assert_eq!(o["tokens"].as_array().map_or(0, Vec::len), MAX_TOKENS, "{v}: no early stop");
+        eprintln!("{v} {flags:?}: {MAX_TOKENS} tokens equal");
+    }
+}
+
+/// Prompt-cache files both ways (`cache-prompt`, then `generate --prompt-cache-file`): mlx-lm
+/// continues from ours (ArraysCache + KVCache layers) and we from mlx-lm's, with the same tokens.
+#[test]
+fn prompt_cache_files_are_mlx_lms() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("qwen35-prompt-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (first, then) = (CHAT_PROMPT, "Summarize it.");
+    let (mut ops, mut runs) = (Vec::new(), Vec::new());
+    for v in ["qwen35-f32", "qwen35moe-q4g32", "qwen3next-f32"] {
+        let dir = model(v);
+        let (ours, theirs) = (tmp.join(format!("{v}-ours.safetensors")), tmp.join(format!("{v}-theirs.safetensors")));
+        let args = ["cache-prompt", "--model", dir.to_str().unwrap(), "--prompt", first, "--prompt-cache-file", ours.to_str().unwrap()];
+        let o = common::mlx_gen(&args, None);
+        assert!(o.status.success(), "{v}: cache-prompt failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        ops.push(json!({"op": "cache_prompt", "model": dir, "prompt": first, "prompt_cache_file": theirs}));
+        runs.push((v, dir, ours, theirs));
+    }
+    for (_, dir, ours, theirs) in &runs {
+        for f in [ours, theirs] {
+            ops.push(json!({"op": "generate", "model": dir, "prompt": then, "max_tokens": MAX_TOKENS, "prompt_cache_file": f}));
+        }
+    }
+    let refs = common::batched_reference("cache_reference.py", &ops);
+    for (i, (v, dir, ours, theirs)) in runs.iter().enumerate() {
+        let (want_ours, want_theirs) = (&refs[runs.len() + 2 * i]["tokens"], &refs[runs.len() + 2 * i + 1]["tokens"]);
+        assert_eq!(want_ours, want_theirs, "{v}: mlx-lm continues differently from our file and its own");
+        for (who, f) in [("ours", ours), ("theirs", theirs)] {
+            let max = MAX_TOKENS.to_string();
+            let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", then, "--max-tokens", &max, "--output", "json"];
+            let o = json_out(&[&args[..], &["--prompt-cache-file", f.to_str().unwrap()]].concat(), None);
+            assert_eq!(&o["tokens"], want_ours, "{v}: tokens after the prompt cache written by {who} differ from mlx-lm's");
+            eprintln!("{v}: prompt cache written by {who}: {} tokens equal", want_ours.as_array().map_or(0, Vec::len));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// `--seed` sampling equals mlx-lm's (the draws its `load` makes for the Conv1d and `A_log`
+/// initialisers of the linear layers included).
+#[test]
+fn seeded_sampling_matches_mlx_lm() {
+    let cases: Vec<(&str, u64, Value, Vec<&str>)> = vec![
+        ("qwen35-f32", 7, json!({"temp": 1.0}), vec!["--temp", "1"]),
+        ("qwen35-q4g32", 3, json!({"temp": 0.8, "top_p": 0.9}), vec!["--temp", "0.8", "--top-p", "0.9"]),
+        ("qwen3next-f32", 11, json!({"temp": 1.0, "top_k": 20}), vec!["--temp", "1", "--top-k", "20"]),
+        ("qwen35moe-q4g32", 5, json!({"temp": 1.0, "min_p": 0.05}), vec!["--temp", "1", "--min-p", "0.05"]),
+    ];
+    let json_cases: Vec<Value> = cases
+        .iter()
+        .map(|(v, seed, sampler, _)| json!({"model": model(v), "prompt": CHAT_PROMPT, "max_tokens": MAX_TOKENS, "seed": seed, "sampler": sampler}))
+        .collect();
+    let refs = common::batched_reference("sample_reference.py", &json_cases);
+    for ((v, seed, _, flags), r) in cases.iter().zip(&refs) {
+        let dir = model(v);
+        let (max, seed_s) = (MAX_TOKENS.to_string(), seed.to_string());
+        let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", &max, "--seed", &seed_s, "--output", "json"];
+        let o = json_out(&[&args[..], flags].concat(), None);
+        assert_eq!(o["tokens"], r["tokens"], "{v} seed {seed} {flags:?}: sampled tokens differ from mlx-lm's");
+        eprintln!("{v} seed {seed} {flags:?}: {} sampled tokens equal", r["tokens"].as_array().map_or(0, Vec::len));
+    }
+}

@@ -1,0 +1,104 @@
+//! mlx-lm's `ArraysCache`: the state of a recurrent layer (a gated DeltaNet's convolution tail
+//! and its recurrent matrix) rather than keys and values. It cannot be trimmed (the state before a
+//! position is gone once it is folded in); [`KvCache::offset`] counts the positions folded in so
+//! far, which mlx-lm's class does not keep (a prompt-cache file takes it from the model's KV
+//! caches, see `file.rs`).
+use super::{CacheMask, KvCache, StateNode};
+use crate::error::{EngineError, Result};
+use mlx::Array;
+
+#[derive(Clone, Debug)]
+pub struct ArraysCache {
+    /// `cache[i]` of mlx-lm's class; `None` until the layer first writes it.
+    slots: Vec<Option<Array>>,
+    offset: i32,
+}
+
+impl ArraysCache {
+    /// `ArraysCache(size)`: `size` empty slots.
+    pub fn new(size: usize) -> ArraysCache {
+        ArraysCache { slots: vec![None; size], offset: 0 }
+    }
+
+    /// From a saved state (`cache` of mlx-lm's class) after `offset` positions.
+    pub fn from_state(slots: Vec<Option<Array>>, offset: i32) -> ArraysCache {
+        ArraysCache { slots, offset }
+    }
+
+    pub fn get(&self, i: usize) -> Option<&Array> {
+        self.slots.get(i).and_then(Option::as_ref)
+    }
+
+    /// `cache[i] = value`.
+    pub fn set(&mut self, i: usize, value: Array) -> Result<()> {
+        let n = self.slots.len();
+        let slot = self.slots.get_mut(i).ok_or_else(|| EngineError::Invalid(format!("state slot {i} of an ArraysCache of {n}")))?;
+        *slot = Some(value);
+        Ok(())
+    }
+
+    /// `cache.advance(n)`: `n` more positions folded into the state.
+    pub fn advance(&mut self, n: i32) {
+        self.offset += n;
+    }
+
+    /// Whether nothing has been written yet (mlx-lm's `empty`).
+    pub fn is_empty(&self) -> bool {
+        self.slots.first().is_none_or(Option::is_none)
+    }
+
+    /// Sets the position count (a state loaded from a file, where mlx-lm keeps none).
+    pub(super) fn set_offset(&mut self, offset: i32) {
+        self.offset = offset;
+    }
+}
+
+impl KvCache for ArraysCache {
+    fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn as_arrays(&self) -> Option<&ArraysCache> {
+        Some(self)
+    }
+
+    fn as_arrays_mut(&mut self) -> Option<&mut ArraysCache> {
+        Some(self)
+    }
+
+    fn update_and_fetch(&mut self, _keys: &Array, _values: &Array) -> Result<(Array, Array)> {
+        Err(EngineError::Invalid("a recurrent layer's state (ArraysCache) holds no keys and values".into()))
+    }
+
+    fn is_trimmable(&self) -> bool {
+        false
+    }
+
+    fn trim(&mut self, n: i32) -> Result<i32> {
+        if n <= 0 {
+            return Ok(0);
+        }
+        Err(EngineError::Invalid(
+            "the state of a recurrent (linear-attention) layer cannot be trimmed: it holds no positions to drop".into(),
+        ))
+    }
+
+    /// mlx-lm's `ArraysCache.make_mask` without left padding or lengths: no mask.
+    fn make_mask(&self, _n: i32, _window_size: Option<i32>) -> Result<CacheMask> {
+        Ok(CacheMask::None)
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.slots.iter().flatten().cloned().collect()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.slots.iter().flatten().map(Array::nbytes).sum()
+    }
+
+    /// `(cache, left_padding, lengths)`, the last two `None` outside a batch.
+    fn saved_state(&self) -> Result<(&'static str, Vec<StateNode>)> {
+        let slots = self.slots.iter().map(|s| s.clone().map_or(StateNode::None, StateNode::Array)).collect();
+        Ok(("ArraysCache", vec![StateNode::List(slots), StateNode::None, StateNode::None]))
+    }
+}
