@@ -159,3 +159,62 @@ fn seeded_sampling_matches_mlx_lm() {
         eprintln!("{v} seed {seed} {flags:?}: {} sampled tokens equal", r["tokens"].as_array().map_or(0, Vec::len));
     }
 }
+
+/// `mlx-gen chat` over 4 turns on qwen3_5: from the 2nd turn on, the recurrent states and KV
+/// caches carry the conversation (all of it, or up to the end of the last user message where
+/// the answer's tokens render differently), so only the turn's new tokens are prefilled; the
+/// last answer equals a fresh run over the whole conversation.
+#[test]
+fn chat_prefills_only_each_turns_new_tokens() {
+    let dir = model("qwen35-f32");
+    let save = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("qwen35-chat-{}.json", std::process::id()));
+    let script = format!("Hello there\nWhat is the capital of France?\nTell me more.\nThanks, bye.\n/save {}\n/exit\n", save.display());
+    let o = common::mlx_gen(&["chat", "--model", dir.to_str().unwrap(), "-m", "12", "--verbose"], Some(script.as_bytes()));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    // [prompt: P tokens processed, R reused from the cache, ... | generation: G tokens, ...]
+    let turns: Vec<(usize, usize, usize)> = stderr
+        .lines()
+        .filter(|l| l.starts_with("[prompt: "))
+        .map(|l| {
+            let n = |after: &str| l.split(after).nth(1).unwrap().trim_start().split(' ').next().unwrap().parse::<usize>().unwrap();
+            (n("[prompt:"), n("processed,"), n("generation:"))
+        })
+        .collect();
+    assert_eq!(turns.len(), 4, "{stderr}");
+    let loaded = engine::LoadedModel::load(&dir).unwrap();
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&save).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&save);
+    let msgs: Vec<tokenizer::ChatMessage> = saved["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| tokenizer::ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(msgs.len(), 8);
+    for (t, &(processed, reused, generated)) in turns.iter().enumerate() {
+        let text = loaded.tokenizer.apply_chat_template(&msgs[..2 * t + 1], true).unwrap();
+        let ids = loaded.tokenizer.encode(&text, false).unwrap();
+        assert_eq!(processed + reused, ids.len(), "turn {t}: the whole conversation is the prompt");
+        if t > 0 {
+            // All the cache holds, or (when the answer's tokens render differently) the recurrent
+            // states kept at the end of the previous user message: never a fresh start.
+            let (p, r, g) = turns[t - 1];
+            let prev = loaded.tokenizer.encode(&loaded.tokenizer.apply_chat_template(&msgs[..2 * t - 1], false).unwrap(), false).unwrap();
+            let kept = prev.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+            assert!(reused == p + r + g || reused == kept, "turn {t}: {reused} reused, not {} nor {kept}", p + r + g);
+            assert!(kept > r, "turn {t}: the kept states are past the previous turn's start");
+        }
+        assert!(generated > 0);
+    }
+    // The 4th answer from scratch over the whole conversation.
+    let text = loaded.tokenizer.apply_chat_template(&msgs[..7], true).unwrap();
+    let ids = loaded.tokenizer.encode(&text, false).unwrap();
+    let config = engine::GenerateConfig { max_tokens: Some(12), ..engine::GenerateConfig::default() };
+    let fresh: Vec<u32> = engine::Generator::new(loaded.model.as_ref(), &ids, loaded.model.make_cache(), config)
+        .unwrap()
+        .map(|g| g.unwrap().token)
+        .filter(|t| !loaded.eos_token_ids.contains(t))
+        .collect();
+    assert_eq!(loaded.tokenizer.decode(&fresh, false).unwrap(), msgs[7].content, "the 4th answer differs from a fresh run's");
+}
