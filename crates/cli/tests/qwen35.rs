@@ -218,3 +218,87 @@ fn chat_prefills_only_each_turns_new_tokens() {
         .collect();
     assert_eq!(loaded.tokenizer.decode(&fresh, false).unwrap(), msgs[7].content, "the 4th answer differs from a fresh run's");
 }
+
+/// Speculative decoding on qwen3_5 (mlx-lm refuses: the recurrent states cannot be trimmed):
+/// prompt lookup, a draft model of another hybrid type (mostly rejected drafts) and the model as
+/// its own draft (all accepted) give exactly the plain greedy tokens.
+#[test]
+fn speculative_decoding_keeps_the_greedy_tokens() {
+    let target = model("qwen35-f32");
+    let base = ["generate", "--model", target.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", "48", "--output", "json"];
+    let run = |extra: &[&str]| json_out(&[&base[..], extra].concat(), None);
+    let plain = run(&[]);
+    assert_eq!(plain["tokens"].as_array().unwrap().len(), 48);
+    let (other, own) = (model("qwen35moe-f32"), model("qwen35-q4g32"));
+    for extra in [
+        &["--prompt-lookup", "2"][..],
+        &["--draft-model", other.to_str().unwrap(), "--num-draft-tokens", "3"][..],
+        &["--draft-model", own.to_str().unwrap(), "--num-draft-tokens", "2"][..],
+        &["--draft-model", target.to_str().unwrap(), "--num-draft-tokens", "4"][..],
+    ] {
+        assert_eq!(run(extra)["tokens"], plain["tokens"], "{extra:?}: speculative tokens differ from plain greedy ones");
+    }
+}
+
+/// The caches after speculative rounds with rejected drafts (target and a recurrent draft model)
+/// equal, array for array, those of plain decoding of the same tokens.
+#[test]
+fn rejected_drafts_leave_plain_decodings_state() {
+    use engine::cache::KvCache;
+    use engine::cache::StateNode;
+    let target = engine::LoadedModel::load(&model("qwen35-f32")).unwrap();
+    let draft = engine::LoadedModel::load(&model("qwen3next-f32")).unwrap();
+    let prompt = target.tokenizer.encode("The capital of France is", true).unwrap();
+    let n = 20;
+    let config = engine::GenerateConfig { max_tokens: Some(n), ..engine::GenerateConfig::default() };
+    let d = engine::Draft::Model { model: draft.model.as_ref(), cache: draft.model.make_cache() };
+    let spec = engine::SpeculativeConfig { num_draft_tokens: 3, adaptive: false };
+    let mut g = engine::SpeculativeGenerator::new(target.model.as_ref(), &prompt, target.model.make_cache(), d, config, spec).unwrap();
+    let tokens: Vec<u32> = g.by_ref().map(|t| t.unwrap().token).collect();
+    let stats = g.stats();
+    assert!(stats.accepted < stats.proposed, "some drafts were rejected: {stats:?}");
+    let (spec_cache, draft_cache) = g.into_caches();
+
+    // Plain decoding: the prompt but its last token prefilled, then one token at a time.
+    let plain = |m: &dyn engine::models::Model, fed: &[u32]| -> Vec<Box<dyn KvCache>> {
+        let mut cache = m.make_cache();
+        let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+        engine::prefill::prefill(m, &mut cache, &mlx::Array::from_slice(&ids, &[1, ids.len() as i32]).unwrap(), 2048, None, |_| Ok(())).unwrap();
+        for &t in fed {
+            m.forward(&mlx::Array::from_slice(&[t as i32], &[1, 1]).unwrap(), &mut cache).unwrap();
+        }
+        cache
+    };
+    let flat = |c: &dyn KvCache| -> Vec<Vec<f32>> {
+        let (_, nodes) = c.saved_state().unwrap();
+        let off = c.offset();
+        let mut out = Vec::new();
+        let mut walk = vec![StateNode::List(nodes)];
+        while let Some(node) = walk.pop() {
+            match node {
+                StateNode::List(items) => walk.extend(items.into_iter().rev()),
+                // Keys and values (B, heads, capacity, D) up to the filled positions.
+                StateNode::Array(a) if a.ndim() == 4 && c.as_arrays().is_none() => out.push(a.slice_axis(2, 0, off).unwrap().to_vec::<f32>().unwrap()),
+                StateNode::Array(a) => out.push(a.to_vec::<f32>().unwrap()),
+                StateNode::Int(_) | StateNode::None => {}
+            }
+        }
+        out
+    };
+    let check = |who: &str, m: &dyn engine::models::Model, got: &[Box<dyn KvCache>], fed: &[u32]| {
+        let want = plain(m, fed);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.offset(), b.offset(), "{who} layer {i}: positions");
+            assert!(flat(a.as_ref()) == flat(b.as_ref()), "{who} layer {i}: the state differs from plain decoding's");
+        }
+        eprintln!("{who}: {} layers equal to plain decoding's after {} positions", got.len(), got[0].offset());
+    };
+    // The target holds the prompt and every token but the pending last one.
+    let mut fed = vec![*prompt.last().unwrap()];
+    fed.extend(&tokens[..tokens.len() - 1]);
+    check("target", target.model.as_ref(), &spec_cache, &fed);
+    // The draft model holds what it was fed: as many positions as its caches say.
+    let draft_cache = draft_cache.unwrap();
+    let held = draft_cache[0].offset() as usize - (prompt.len() - 1);
+    check("draft", draft.model.as_ref(), &draft_cache, &fed[..held]);
+}

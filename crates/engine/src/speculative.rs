@@ -10,13 +10,21 @@
 //! logits processors are on), and the processors' history starts at the last prompt token, as
 //! mlx-lm's `prev_tokens` does. Prompt lookup (not in mlx-lm) keeps the whole history instead, so
 //! at temperature 0 it gives exactly the tokens of plain generation, penalties included.
-use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
+//!
+//! A recurrent layer's state (qwen3_next, qwen3_5) cannot be trimmed, so mlx-lm refuses such
+//! models; here the states are kept before each forward pass that may be rejected in part, and a
+//! rejection puts them back and runs the accepted tokens through the model again (their logits
+//! unused), which leaves every cache as plain decoding of the same tokens would.
+use crate::cache::{maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
+
+/// One cache per layer.
+pub type Caches = Vec<Box<dyn KvCache>>;
 
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {
@@ -150,6 +158,41 @@ fn step(
     Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
 }
 
+/// Whether speculation can rewind `cache`: every layer trims, or keeps a recurrent state.
+fn rewindable(cache: &[Box<dyn KvCache>]) -> bool {
+    cache.iter().all(|c| c.is_trimmable() || c.as_arrays().is_some())
+}
+
+/// Leaves `cache`, which was just fed `fed`, holding only the first `kept` of them: a trim of the
+/// rest, or, with recurrent layers, their states from `before` (taken before `fed`), the other
+/// layers trimmed back as far, and the kept tokens run through `model` again.
+fn rewind(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    before: Option<Vec<Option<ArraysCache>>>,
+    fed: &[u32],
+    kept: usize,
+    config: &GenerateConfig,
+) -> Result<()> {
+    if kept >= fed.len() {
+        return Ok(());
+    }
+    let Some(states) = before else {
+        trim_prompt_cache(cache, (fed.len() - kept) as i32)?;
+        return Ok(());
+    };
+    ArraysCache::restore(cache, &states);
+    for c in cache.iter_mut().filter(|c| c.as_arrays().is_none()) {
+        c.trim(fed.len() as i32)?;
+    }
+    if kept > 0 {
+        let ids: Vec<i32> = fed[..kept].iter().map(|&t| t as i32).collect();
+        model.forward(&Array::from_slice(&ids, &[1, kept as i32])?, cache)?;
+        maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
+    }
+    Ok(())
+}
+
 /// The continuation (at most `max` tokens) of the latest earlier occurrence of the last n-gram of
 /// `seq`, for n from `ngram` down to 1; empty when there is none.
 pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
@@ -204,7 +247,7 @@ impl<'m> SpeculativeGenerator<'m> {
         if spec.num_draft_tokens == 0 {
             return invalid("the number of draft tokens must be at least 1");
         }
-        if !can_trim_prompt_cache(&cache) {
+        if !rewindable(&cache) {
             return invalid("speculative decoding needs a trimmable KV cache (not a rotating one)");
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
@@ -216,7 +259,7 @@ impl<'m> SpeculativeGenerator<'m> {
         match &mut draft {
             Draft::Model { model: d, cache: dc } => {
                 config.sampler.validate_vocab(d.vocab_size())?;
-                if !can_trim_prompt_cache(dc) {
+                if !rewindable(dc) {
                     return invalid("speculative decoding needs a trimmable draft KV cache (not a rotating one)");
                 }
                 prefill(*d, dc, &all, step, kv_quant, |_| Ok(()))?;
@@ -261,6 +304,16 @@ impl<'m> SpeculativeGenerator<'m> {
         self.stats
     }
 
+    /// The target's caches and the draft model's (if any), as the tokens handed out so far left them
+    /// (plus the pending token's positions not yet fed).
+    pub fn into_caches(self) -> (Caches, Option<Caches>) {
+        let draft = match self.draft {
+            Draft::Model { cache, .. } => Some(cache),
+            Draft::PromptLookup { .. } => None,
+        };
+        (self.cache, draft)
+    }
+
     /// The draft length of the next round.
     pub fn draft_length(&self) -> usize {
         self.k
@@ -271,6 +324,11 @@ impl<'m> SpeculativeGenerator<'m> {
         let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let want = (max - self.ntoks).min(self.k);
         // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
+        let draft_before = match &self.draft {
+            Draft::Model { cache, .. } => ArraysCache::snapshot(cache),
+            Draft::PromptLookup { .. } => None,
+        };
+        let draft_input = self.draft_y.clone();
         let (draft_tokens, lookup) = match &mut self.draft {
             Draft::Model { model, cache } => {
                 let mut ds = Vec::with_capacity(want);
@@ -295,12 +353,13 @@ impl<'m> SpeculativeGenerator<'m> {
         let mut parts = vec![Array::from_slice(&self.y, &[self.y.len() as i32])?];
         parts.extend(draft_tokens);
         let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
+        let before = ArraysCache::snapshot(&self.cache);
         let (tokens, logprobs) =
             step(self.model, &mut self.cache, &input, num_draft as i32 + 1, &self.config, &mut self.history)?;
         mlx::eval(&[&tokens, &input])?;
         let tokens: Vec<u32> = tokens.to_vec()?;
-        let drafted: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
-        let drafted = &drafted[self.y.len()..];
+        let fed: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
+        let drafted = &fed[self.y.len()..];
         self.stats.proposed += num_draft;
         self.stats.rounds += 1;
 
@@ -336,9 +395,14 @@ impl<'m> SpeculativeGenerator<'m> {
         let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
         self.history.drop_last(extra)?;
         self.history.cut_front()?;
-        trim_prompt_cache(&mut self.cache, (num_draft - n) as i32)?;
-        if let Draft::Model { cache, .. } = &mut self.draft {
-            trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
+        // The target was fed its pending token and the drafts, the draft model its input and all
+        // drafts but the last: each keeps what was accepted.
+        let kept = fed.len() - (num_draft - n);
+        rewind(self.model, &mut self.cache, before, &fed, kept, &self.config)?;
+        if let Draft::Model { model, cache } = &mut self.draft {
+            let fed: Vec<u32> = draft_input.iter().copied().chain(drafted[..num_draft.saturating_sub(1)].iter().copied()).collect();
+            let kept = fed.len() - (num_draft - n).saturating_sub(1);
+            rewind(*model, cache, draft_before, &fed, kept, &self.config)?;
         }
         if self.adaptive && num_draft > 0 {
             self.k = if n == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };

@@ -47,6 +47,22 @@ impl ArraysCache {
         self.slots.first().is_none_or(Option::is_none)
     }
 
+    /// The recurrent layers' states of `cache` (`None` for its other layers), or `None` when it has
+    /// no recurrent layer. Cheap: the arrays are shared, and a layer replaces its state rather
+    /// than writing into it.
+    pub fn snapshot(cache: &[Box<dyn KvCache>]) -> Option<Vec<Option<ArraysCache>>> {
+        cache.iter().any(|c| c.as_arrays().is_some()).then(|| cache.iter().map(|c| c.as_arrays().cloned()).collect())
+    }
+
+    /// Puts the states of a [`ArraysCache::snapshot`] back into `cache` (the other layers as they are).
+    pub fn restore(cache: &mut [Box<dyn KvCache>], snapshot: &[Option<ArraysCache>]) {
+        for (c, s) in cache.iter_mut().zip(snapshot) {
+            if let Some(s) = s {
+                *c = Box::new(s.clone());
+            }
+        }
+    }
+
     /// Sets the position count (a state loaded from a file, where mlx-lm keeps none).
     pub(super) fn set_offset(&mut self, offset: i32) {
         self.offset = offset;

@@ -110,11 +110,7 @@ impl Session {
                 match self.snapshot.as_ref().filter(|(at, _)| *at <= reused) {
                     Some((at, states)) => {
                         to = *at;
-                        for (c, s) in self.cache.iter_mut().zip(states) {
-                            if let Some(s) = s {
-                                *c = Box::new(s.clone());
-                            }
-                        }
+                        ArraysCache::restore(&mut self.cache, states);
                     }
                     None => ok = false,
                 }
@@ -146,7 +142,7 @@ impl Session {
 
     /// Keeps the recurrent layers' states of `cache`, which holds the first `at` ids of the turn.
     pub fn keep_snapshot(&mut self, at: usize, cache: &[Box<dyn KvCache>]) {
-        self.snapshot = Some((at, cache.iter().map(|c| c.as_arrays().cloned()).collect()));
+        self.snapshot = ArraysCache::snapshot(cache).map(|states| (at, states));
     }
 
     /// Takes the cache for a generator.
