@@ -6,10 +6,10 @@
 //! with a shared expert on every layer when `num_experts > 0`. Weights sit under
 //! `language_model.` (mlx-community folders) or `model.language_model.` (Hugging Face); the vision
 //! tower is dropped.
-use super::qwen3_next::{self, HybridSpec};
+use super::qwen3_next::{self, HybridSpec, LinearConfig};
 use super::Model;
 use crate::error::{EngineError, Result};
-use crate::nn::gated_delta::{DeltaNetLayout, DeltaNetSpec};
+use crate::nn::gated_delta::DeltaNetLayout;
 use crate::nn::{QuantConfig, Rope, RopeScaling};
 use checkpoint::Weights;
 use mlx::Array;
@@ -28,11 +28,8 @@ struct TextConfig {
     rms_norm_eps: f64,
     vocab_size: i32,
     num_key_value_heads: i32,
-    linear_num_value_heads: i32,
-    linear_num_key_heads: i32,
-    linear_key_head_dim: i32,
-    linear_value_head_dim: i32,
-    linear_conv_kernel_dim: i32,
+    #[serde(flatten)]
+    linear: LinearConfig,
     tie_word_embeddings: bool,
     attention_bias: bool,
     head_dim: Option<i32>,
@@ -60,11 +57,7 @@ impl Default for TextConfig {
             rms_norm_eps: 1e-6,
             vocab_size: 151936,
             num_key_value_heads: 8,
-            linear_num_value_heads: 64,
-            linear_num_key_heads: 16,
-            linear_key_head_dim: 192,
-            linear_value_head_dim: 128,
-            linear_conv_kernel_dim: 4,
+            linear: LinearConfig::default(),
             tie_word_embeddings: false,
             attention_bias: false,
             head_dim: None,
@@ -155,15 +148,7 @@ fn load_text(config: &Value, weights: &Weights, q: &QuantConfig) -> Result<Box<d
         head_dim,
         attention_bias: c.attention_bias,
         rope: Rope::new(rope_dims, c.rope_theta, false, c.rope_scaling.as_ref())?,
-        delta: DeltaNetSpec {
-            hidden: c.hidden_size,
-            num_v_heads: c.linear_num_value_heads,
-            num_k_heads: c.linear_num_key_heads,
-            head_k_dim: c.linear_key_head_dim,
-            head_v_dim: c.linear_value_head_dim,
-            conv_kernel: c.linear_conv_kernel_dim,
-            eps: c.rms_norm_eps,
-        },
+        delta: c.linear.spec(c.hidden_size, c.rms_norm_eps),
         layout: DeltaNetLayout::Separate,
         intermediate_size: c.intermediate_size,
         experts: (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.shared_expert_intermediate_size, c.norm_topk_prob),

@@ -25,11 +25,8 @@ struct Config {
     num_hidden_layers: i32,
     intermediate_size: i32,
     num_attention_heads: i32,
-    linear_num_value_heads: i32,
-    linear_num_key_heads: i32,
-    linear_key_head_dim: i32,
-    linear_value_head_dim: i32,
-    linear_conv_kernel_dim: i32,
+    #[serde(flatten)]
+    linear: LinearConfig,
     num_experts: i32,
     num_experts_per_tok: i32,
     decoder_sparse_step: i32,
@@ -55,6 +52,37 @@ struct Config {
 
 fn default_interval() -> i32 {
     4
+}
+
+/// The linear-attention fields of config.json (qwen3_5.py's defaults where one is missing).
+#[derive(Debug, Deserialize)]
+#[serde(default)]
+pub(crate) struct LinearConfig {
+    linear_num_value_heads: i32,
+    linear_num_key_heads: i32,
+    linear_key_head_dim: i32,
+    linear_value_head_dim: i32,
+    linear_conv_kernel_dim: i32,
+}
+
+impl Default for LinearConfig {
+    fn default() -> LinearConfig {
+        LinearConfig { linear_num_value_heads: 64, linear_num_key_heads: 16, linear_key_head_dim: 192, linear_value_head_dim: 128, linear_conv_kernel_dim: 4 }
+    }
+}
+
+impl LinearConfig {
+    pub(crate) fn spec(&self, hidden: i32, eps: f64) -> DeltaNetSpec {
+        DeltaNetSpec {
+            hidden,
+            num_v_heads: self.linear_num_value_heads,
+            num_k_heads: self.linear_num_key_heads,
+            head_k_dim: self.linear_key_head_dim,
+            head_v_dim: self.linear_value_head_dim,
+            conv_kernel: self.linear_conv_kernel_dim,
+            eps,
+        }
+    }
 }
 
 /// A hybrid model as data: the shapes of its layers and, per layer, its kinds.
@@ -336,15 +364,7 @@ pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) 
         head_dim: c.head_dim,
         attention_bias: c.attention_bias,
         rope: Rope::new(rope_dims, c.rope_theta, false, c.rope_scaling.as_ref())?,
-        delta: DeltaNetSpec {
-            hidden: c.hidden_size,
-            num_v_heads: c.linear_num_value_heads,
-            num_k_heads: c.linear_num_key_heads,
-            head_k_dim: c.linear_key_head_dim,
-            head_v_dim: c.linear_value_head_dim,
-            conv_kernel: c.linear_conv_kernel_dim,
-            eps: c.rms_norm_eps,
-        },
+        delta: c.linear.spec(c.hidden_size, c.rms_norm_eps),
         layout: DeltaNetLayout::Fused,
         intermediate_size: c.intermediate_size,
         experts: (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.shared_expert_intermediate_size, c.norm_topk_prob),
