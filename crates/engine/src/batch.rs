@@ -12,7 +12,7 @@
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
 //! the CPU while the device runs it (one host sync per step, as without constraints).
-use crate::cache::{BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
+use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
@@ -92,7 +92,8 @@ impl<'m> BatchEngine<'m> {
             layers: model.make_cache().len(),
             batchable: is_batchable(model),
             prefill_step_size: prefill_step_size.max(1),
-            prefix,
+            // A recurrent layer's state is not kept per block: no prefix reuse for such models.
+            prefix: prefix.filter(|_| !has_recurrent_layers(model)),
             waiting: VecDeque::new(),
             rows: Vec::new(),
             caches: Vec::new(),
@@ -138,7 +139,7 @@ impl<'m> BatchEngine<'m> {
                     .collect::<Result<_>>()?;
                 (n, cache)
             }
-            _ => (0, (0..n_layers).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()),
+            _ => (0, self.model.make_cache()),
         };
         self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
         Ok(done)
@@ -246,7 +247,10 @@ impl<'m> BatchEngine<'m> {
             }
         }
         for c in &mut self.caches {
-            batch_cache_mut(c)?.filter(&keep)?;
+            match c.as_arrays_mut() {
+                Some(a) => a.filter(&keep)?,
+                None => batch_cache_mut(c)?.filter(&keep)?,
+            }
         }
         if let Some(p) = self.pending.take() {
             if !keep.is_empty() {
@@ -322,7 +326,15 @@ impl<'m> BatchEngine<'m> {
             return Ok(());
         }
         if self.caches.is_empty() {
-            self.caches = (0..self.layers).map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
+            self.caches = self
+                .model
+                .make_cache()
+                .iter()
+                .map(|c| match c.as_arrays() {
+                    Some(_) => Box::new(ArraysCache::batch(2)) as Box<dyn KvCache>,
+                    None => Box::new(BatchCache::new()) as Box<dyn KvCache>,
+                })
+                .collect();
         }
         let (mut tokens, mut logprobs) = match self.pending.take() {
             Some(p) => (vec![p.tokens], p.logprobs),
@@ -330,8 +342,13 @@ impl<'m> BatchEngine<'m> {
         };
         for (p, first, history) in joined {
             for (bc, c) in self.caches.iter_mut().zip(&p.cache) {
-                let (k, v) = filled(c.as_ref())?;
-                batch_cache_mut(bc)?.extend(&k, &v)?;
+                match (bc.as_arrays_mut(), c.as_arrays()) {
+                    (Some(batch), Some(one)) => batch.extend(one)?,
+                    _ => {
+                        let (k, v) = filled(c.as_ref())?;
+                        batch_cache_mut(bc)?.extend(&k, &v)?;
+                    }
+                }
             }
             tokens.push(first.tokens);
             logprobs.extend(first.logprobs);
@@ -382,10 +399,17 @@ impl<'m> BatchEngine<'m> {
 }
 
 /// Whether every cache the model makes is a plain KV cache (mlx-lm's `KVCache`, which `merge`s
-/// into a `BatchKVCache`); rotating (sliding-window layers) and chunked (Llama 4) ones are not
-/// batched here (mlx-lm's server cannot batch a `ChunkedKVCache` either).
+/// into a `BatchKVCache`) or a recurrent state (`ArraysCache`, whose rows are concatenated);
+/// rotating (sliding-window layers) and chunked (Llama 4) ones are not batched here (mlx-lm's
+/// server cannot batch a `ChunkedKVCache` either).
 pub fn is_batchable(model: &dyn Model) -> bool {
-    model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache"))
+    model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache" || class == "ArraysCache"))
+}
+
+/// Whether the model has layers whose cache is a recurrent state (mlx-lm's `ArraysCache`), whose
+/// rows a batch concatenates and filters as mlx-lm's `extend` / `filter`.
+fn has_recurrent_layers(model: &dyn Model) -> bool {
+    model.make_cache().iter().any(|c| c.as_arrays().is_some())
 }
 
 /// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass

@@ -12,17 +12,20 @@ pub struct ArraysCache {
     /// `cache[i]` of mlx-lm's class; `None` until the layer first writes it.
     slots: Vec<Option<Array>>,
     offset: i32,
+    /// Sequences (batch rows): 1 but in a batch made by [`ArraysCache::batch`].
+    rows: usize,
 }
 
 impl ArraysCache {
     /// `ArraysCache(size)`: `size` empty slots.
     pub fn new(size: usize) -> ArraysCache {
-        ArraysCache { slots: vec![None; size], offset: 0 }
+        ArraysCache { slots: vec![None; size], offset: 0, rows: 1 }
     }
 
     /// From a saved state (`cache` of mlx-lm's class) after `offset` positions.
     pub fn from_state(slots: Vec<Option<Array>>, offset: i32) -> ArraysCache {
-        ArraysCache { slots, offset }
+        let rows = slots.iter().flatten().next().map_or(1, |a| a.dim(0).max(0) as usize);
+        ArraysCache { slots, offset, rows }
     }
 
     pub fn get(&self, i: usize) -> Option<&Array> {
@@ -61,6 +64,39 @@ impl ArraysCache {
                 *c = Box::new(s.clone());
             }
         }
+    }
+
+    /// mlx-lm's `extend`: `other`'s rows after this cache's (a batch of sequences, one row each).
+    pub fn extend(&mut self, other: &ArraysCache) -> Result<()> {
+        if self.slots.len() != other.slots.len() {
+            return Err(EngineError::Invalid("ArraysCaches of different sizes cannot be merged".into()));
+        }
+        for (a, b) in self.slots.iter_mut().zip(&other.slots) {
+            *a = match (a.take(), b) {
+                (Some(a), Some(b)) => Some(mlx::ops::concatenate(&[&a, b], 0)?),
+                (a, None) => a,
+                (None, Some(b)) if self.rows == 0 => Some(b.clone()),
+                (None, Some(_)) => return Err(EngineError::Invalid("a batch row without a recurrent state".into())),
+            };
+        }
+        self.rows += other.rows;
+        Ok(())
+    }
+
+    /// mlx-lm's `filter`: only the rows `keep`, in that order.
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+        let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
+        for s in self.slots.iter_mut().flatten() {
+            *s = s.take(&idx, 0)?;
+        }
+        self.rows = keep.len();
+        Ok(())
+    }
+
+    /// An empty batch (no rows yet) of `size` slots, to [`ArraysCache::extend`].
+    pub fn batch(size: usize) -> ArraysCache {
+        ArraysCache { slots: vec![None; size], offset: 0, rows: 0 }
     }
 
     /// Sets the position count (a state loaded from a file, where mlx-lm keeps none).
