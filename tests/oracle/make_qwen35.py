@@ -18,7 +18,7 @@ All: 4 value heads over 2 key heads (the repeat), key head 32, value head 16, co
 attention 4 heads over 2 key/value heads, head_dim 32 (partial RoPE: 8 dims).
 From each, with mlx-lm's own `mlx_lm.convert` (its Model classes and its save), a 4-bit group-32
 float32 folder (as mlx-community publishes them: `language_model.` names, routers in 8 bits by the
-quant_predicate), and for qwen3_5 an unquantized float32 MLX folder too.
+quant_predicate), one of them in bfloat16, and for qwen3_5 an unquantized float32 MLX folder too.
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
@@ -52,6 +52,8 @@ CONVERTED = [
     dict(name="qwen35-q4g32", src="qwen35-f32", quantize=True),
     dict(name="qwen35moe-q4g32", src="qwen35moe-f32", quantize=True),
     dict(name="qwen35-mlx-f32", src="qwen35-f32", quantize=False),
+    # As mlx-community publishes them: bfloat16 activations and scales (A_log stays float32).
+    dict(name="qwen35moe-q4g32-bf16", src="qwen35moe-f32", quantize=True, dtype="bfloat16"),
 ]
 
 
@@ -183,7 +185,7 @@ def write_converted(c, outdir):
 
     kw = dict(quantize=True, q_bits=4, q_group_size=32) if c["quantize"] else {}
     with contextlib.redirect_stdout(io.StringIO()):
-        convert(str(outdir / c["src"]), str(outdir / c["name"]), dtype="float32", **kw)
+        convert(str(outdir / c["src"]), str(outdir / c["name"]), dtype=c.get("dtype", "float32"), **kw)
 
 
 def main():
@@ -212,7 +214,7 @@ def main():
             shutil.rmtree(outdir / c["name"])
         write_converted(c, outdir)
         info[c["name"]] = dict(kind="quantized" if c["quantize"] else "mlx", arch=info[c["src"]]["arch"],
-                               dtype="float32", src=c["src"])
+                               dtype=c.get("dtype", "float32"), src=c["src"])
     shutil.rmtree(tokdir)
     for name in sorted(info):
         print(name)

@@ -99,6 +99,13 @@ pub trait ModelRules {
     fn update_config(&self, model_type: &str, config: &mut Map<String, Value>) {
         let _ = (model_type, config);
     }
+
+    /// Whether the tensor `name` keeps its dtype under `--dtype` (the model's `cast_predicate`
+    /// says no, e.g. qwen3_5's `A_log`); by default every float tensor is cast.
+    fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
+        let _ = (model_type, name);
+        false
+    }
 }
 
 /// What a conversion wrote.
@@ -243,13 +250,21 @@ pub fn convert_folder(
 
     fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let total = weights.len();
+    // mlx-lm's `get_total_parameters` counts the parameters of leaf modules only: not a tensor
+    // that sits beside child modules (a gated DeltaNet's `A_log` and `dt_bias`).
+    let parents: std::collections::HashSet<&str> = weights
+        .keys()
+        .flat_map(|n| n.match_indices('.').map(move |(i, _)| &n[..i]).collect::<Vec<_>>().into_iter().rev().skip(1))
+        .collect();
+    let counted: std::collections::HashSet<String> =
+        weights.keys().filter(|n| n.rsplit_once('.').is_none_or(|(m, _)| !parents.contains(m))).cloned().collect();
     let mut summary = ConvertSummary { dtype: dtype.map(|d| d.name().to_owned()), ..Default::default() };
     let mut tensors: Vec<(String, Array)> = Vec::new();
     let mut parameters = 0usize;
     let mut overrides = Map::new();
     for (i, (name, w)) in std::mem::take(&mut weights).into_iter().enumerate() {
         let w = match dtype {
-            Some(d) if w.dtype().is_float() => w.astype(d)?,
+            Some(d) if w.dtype().is_float() && !rules.keeps_dtype(&model_type, &name) => w.astype(d)?,
             _ => w,
         };
         // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures),
@@ -284,7 +299,9 @@ pub fn convert_folder(
                 summary.quantized += 1;
             }
             None => {
-                parameters += w.size();
+                if counted.contains(&name) {
+                    parameters += w.size();
+                }
                 w.eval()?;
                 tensors.push((name, w));
             }

@@ -60,6 +60,10 @@ impl ModelRules for EngineRules {
     fn update_config(&self, model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
         engine::models::update_config(model_type, config);
     }
+
+    fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
+        engine::models::keeps_dtype(model_type, name)
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {

@@ -187,9 +187,16 @@ pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpe
 /// What `model_type`'s mlx-lm config class writes into the config dict itself, so that
 /// `mlx_lm.convert` saves it (the CLI hands it to `formats::convert` with [`sanitize`]).
 pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
-    if model_type == "mistral3" {
-        mistral3::update_config(config);
+    match model_type {
+        "mistral3" => mistral3::update_config(config),
+        "qwen3_5" | "qwen3_5_moe" => qwen3_5::update_config(config),
+        _ => {}
     }
+}
+
+/// Whether `--dtype` leaves the tensor `name` as it is (mlx-lm's per-model `cast_predicate`).
+pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
+    matches!(model_type, "qwen3_5" | "qwen3_5_moe") && name.ends_with("A_log")
 }
 
 /// Every `model_type` the registry loads.

@@ -97,6 +97,24 @@ fn text_config(config: &Value) -> Result<TextConfig> {
     Ok(c)
 }
 
+/// `TextModelArgs.__post_init__` renames `rope_parameters.rope_type` to `type` in the config dict
+/// itself (`text_config`'s, or the whole config's), so `mlx_lm.convert` saves it: the same for `convert`.
+pub fn update_config(config: &mut serde_json::Map<String, Value>) {
+    let rename = |text: &mut serde_json::Map<String, Value>| {
+        if let Some(Value::Object(p)) = text.get_mut("rope_parameters") {
+            if !p.contains_key("type") {
+                if let Some(t) = p.remove("rope_type") {
+                    p.insert("type".into(), t);
+                }
+            }
+        }
+    };
+    match config.get_mut("text_config") {
+        Some(Value::Object(text)) => rename(text),
+        _ => rename(config),
+    }
+}
+
 /// The first half of qwen3_5.py's `Model.sanitize`, in the text model's own names: no vision
 /// tensors, `model.language_model.X` -> `model.X`, `language_model.X` -> `X`.
 fn text_weights(weights: &mut BTreeMap<String, Array>) {
