@@ -376,3 +376,43 @@ fn sixteen_batched_sequences_match_their_runs_alone() {
         eprintln!("{v}: {n} batched sequences (up to {most} at once) equal their runs alone");
     }
 }
+
+/// The prefix cache of batched serving: a second request sharing a long system prompt starts
+/// from the snapshot at the last block boundary they share (`add` reports those positions as
+/// cached), and both give the tokens of their runs alone.
+#[test]
+fn shared_system_prompt_reuses_state_snapshots() {
+    use engine::batch::{BatchEngine, SeqParams};
+    let m = engine::LoadedModel::load(&model("qwen35-f32")).unwrap();
+    let system = "You are a careful assistant. Answer in full sentences, cite what you know, and say so when you do not know something.";
+    let prompts: Vec<Vec<u32>> = ["What is the capital of France?", "Name three rivers."]
+        .iter()
+        .map(|u| {
+            let msgs = [tokenizer::ChatMessage::new("system", system), tokenizer::ChatMessage::new("user", *u)];
+            m.tokenizer.encode(&m.tokenizer.apply_chat_template(&msgs, true).unwrap(), false).unwrap()
+        })
+        .collect();
+    let shared = prompts[0].iter().zip(&prompts[1]).take_while(|(a, b)| a == b).count();
+    assert!(shared >= 32, "the prompts share {shared} tokens");
+    let block = 16;
+    let alone = |p: &[u32]| -> Vec<u32> {
+        let config = engine::GenerateConfig { max_tokens: Some(24), ..engine::GenerateConfig::default() };
+        engine::Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
+    };
+    let pool = engine::cache::PagedPool::new(m.model.make_cache().len(), block, 64 << 20);
+    let mut batch = BatchEngine::new(m.model.as_ref(), 512, Some(pool));
+    let mut cached = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        cached.push(batch.add(i as u64, p.clone(), SeqParams { sampler: Default::default(), keys: None, logprobs: false }).unwrap());
+        let mut got = Vec::new();
+        while got.len() < 24 {
+            got.extend(batch.step().unwrap().into_iter().map(|t| t.token));
+        }
+        batch.finish(i as u64);
+        batch.step().unwrap();
+        assert_eq!(got, alone(p), "request {i}: tokens differ from its run alone");
+    }
+    assert_eq!(cached[0], 0);
+    assert_eq!(cached[1], shared / block * block, "the second request starts from the last shared block boundary");
+    eprintln!("second request: {} of {} prompt tokens from the prefix cache (shared {shared})", cached[1], prompts[1].len());
+}

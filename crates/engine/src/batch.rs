@@ -12,7 +12,7 @@
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
 //! the CPU while the device runs it (one host sync per step, as without constraints).
-use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
+use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
@@ -75,6 +75,9 @@ pub struct BatchEngine<'m> {
     batchable: bool,
     prefill_step_size: usize,
     prefix: Option<PagedPool>,
+    /// For models with recurrent layers, the prefix cache instead of `prefix`: snapshots of whole
+    /// sequences at block boundaries of their prompts.
+    states: Option<StatePrefixCache>,
     waiting: VecDeque<Prefill>,
     rows: Vec<Row>,
     caches: Vec<Box<dyn KvCache>>,
@@ -87,13 +90,15 @@ impl<'m> BatchEngine<'m> {
     /// `prefix`: a pool of blocks where finished sequences leave their keys and values for later
     /// prompts with the same beginning.
     pub fn new(model: &'m dyn Model, prefill_step_size: usize, prefix: Option<PagedPool>) -> BatchEngine<'m> {
+        let recurrent = has_recurrent_layers(model);
+        let states = prefix.as_ref().filter(|_| recurrent).map(|p| StatePrefixCache::new(p.block_size(), p.budget_bytes()));
         BatchEngine {
             model,
             layers: model.make_cache().len(),
             batchable: is_batchable(model),
             prefill_step_size: prefill_step_size.max(1),
-            // A recurrent layer's state is not kept per block: no prefix reuse for such models.
-            prefix: prefix.filter(|_| !has_recurrent_layers(model)),
+            prefix: prefix.filter(|_| !recurrent),
+            states,
             waiting: VecDeque::new(),
             rows: Vec::new(),
             caches: Vec::new(),
@@ -130,6 +135,11 @@ impl<'m> BatchEngine<'m> {
             let cache = self.model.make_cache();
             self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache, constraint });
             return Ok(0);
+        }
+        if let Some(states) = self.states.as_mut() {
+            let (done, cache) = states.lookup(&prompt)?.unwrap_or_else(|| (0, self.model.make_cache()));
+            self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
+            return Ok(done);
         }
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
             Some((n, kv)) if n > 0 && kv.len() == n_layers => {
@@ -284,11 +294,18 @@ impl<'m> BatchEngine<'m> {
             let Some(p) = self.waiting.front_mut() else { break };
             let left = p.prompt.len() - p.done;
             if left > 1 {
-                let n = budget.min(left - 1);
+                let mut n = budget.min(left - 1);
+                // With snapshots, each chunk ends at the next block boundary at the latest.
+                if let Some(bs) = self.states.as_ref().map(StatePrefixCache::block_size) {
+                    n = n.min(bs - p.done % bs);
+                }
                 let ids: Vec<i32> = p.prompt[p.done..p.done + n].iter().map(|&t| t as i32).collect();
                 prefill_chunk(self.model, &mut p.cache, &Array::from_slice(&ids, &[1, n as i32])?, None)?;
                 p.done += n;
                 budget -= n;
+                if let Some(states) = self.states.as_mut().filter(|s| p.done % s.block_size() == 0) {
+                    states.store(&p.prompt[..p.done], &p.cache)?;
+                }
                 continue;
             }
             let mut p = self.waiting.pop_front().expect("front exists");

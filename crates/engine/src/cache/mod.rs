@@ -10,6 +10,7 @@ mod mask;
 pub mod paged;
 mod quantized;
 mod rotating;
+mod states;
 #[cfg(test)]
 mod tests;
 
@@ -22,6 +23,7 @@ pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
 pub use paged::{BlockAllocator, PagedCache, PagedPool};
 pub use quantized::{quantized_sdpa, QuantizedCache};
 pub use rotating::RotatingCache;
+pub use states::StatePrefixCache;
 
 use crate::error::{EngineError, Result};
 use mlx::ops::QuantSpec;
