@@ -8,6 +8,7 @@
 //! (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
+mod dist;
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -415,4 +416,33 @@ fn shared_system_prompt_reuses_state_snapshots() {
     assert_eq!(cached[0], 0);
     assert_eq!(cached[1], shared / block * block, "the second request starts from the last shared block boundary");
     eprintln!("second request: {} of {} prompt tokens from the prefix cache (shared {shared})", cached[1], prompts[1].len());
+}
+
+/// `--kv-cache paged`: the attention layers' keys and values in blocks, the recurrent states as
+/// they are; the tokens of the default caches.
+#[test]
+fn paged_kv_cache_keeps_the_tokens() {
+    let dir = model("qwen3next-f32");
+    let base = ["generate", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", "32", "--output", "json"];
+    let plain = json_out(&base, None);
+    let paged = json_out(&[&base[..], &["--kv-cache", "paged", "--kv-block-size", "16"]].concat(), None);
+    assert_eq!(paged["tokens"], plain["tokens"]);
+}
+
+/// Pipeline parallel on 2 ranks (each rank its layers and their caches, recurrent or KV), as
+/// mlx-lm's PipelineMixin: the single process's tokens and log-probabilities.
+#[test]
+fn pp2_qwen3_5_matches_single_process() {
+    dist::sharded_matches_single(&model("qwen35-f32"), dist::Split::Pipeline);
+}
+
+/// Tensor parallel over the DeltaNet layers is not there yet: a clear error, not wrong tokens.
+#[test]
+fn tensor_parallel_is_refused() {
+    let dir = model("qwen35-f32");
+    let args = ["launch", "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--timeout", "60", "--", "generate", "--model", dir.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "4"];
+    let o = common::mlx_gen(&args, None);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("tensor parallel") && stderr.contains("not supported"), "{stderr}");
 }

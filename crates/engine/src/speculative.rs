@@ -15,16 +15,13 @@
 //! models; here the states are kept before each forward pass that may be rejected in part, and a
 //! rejection puts them back and runs the accepted tokens through the model again (their logits
 //! unused), which leaves every cache as plain decoding of the same tokens would.
-use crate::cache::{maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, KvCache};
+use crate::cache::{maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, Caches, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
-
-/// One cache per layer.
-pub type Caches = Vec<Box<dyn KvCache>>;
 
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {

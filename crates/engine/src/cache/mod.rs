@@ -32,6 +32,9 @@ use mlx::Array;
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
 pub const DEFAULT_QUANTIZED_KV_START: usize = 5000;
 
+/// One cache per layer of a model (or of a pipeline stage).
+pub type Caches = Vec<Box<dyn KvCache>>;
+
 /// A quantized tensor as `mx.quantize` returns it: packed uint32 data, scales, biases.
 pub type QuantTriple = [Array; 3];
 

@@ -5,7 +5,7 @@
 //! layer's state); a later prompt starts from the longest snapshot whose tokens it begins with.
 //! Snapshots share the arrays of the caches they come from; the least recently used go first
 //! once their bytes pass the budget.
-use super::{ArraysCache, GrowingCache, KvCache, StateNode};
+use super::{ArraysCache, Caches, GrowingCache, KvCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::Array;
 
@@ -75,7 +75,7 @@ impl StatePrefixCache {
 
     /// The longest snapshot that `prompt` begins with (at most `prompt.len() - 1` positions: the
     /// last one gives the first token's logits), as fresh caches of one sequence.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Result<Option<(usize, Vec<Box<dyn KvCache>>)>> {
+    pub fn lookup(&mut self, prompt: &[u32]) -> Result<Option<(usize, Caches)>> {
         let best = self
             .entries
             .iter_mut()
