@@ -16,7 +16,12 @@
 //! decoding's either way. Sampled runs keep mlx-lm's schedule, so a seed gives mlx-lm's tokens.
 //! With `MLX_GEN_TRACE` set, each round is timed stage by stage (draft, verification, host work;
 //! with a device sync after the draft) and the totals are printed when the generator is dropped.
-use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
+//!
+//! A recurrent layer's state (qwen3_next, qwen3_5) cannot be trimmed, so mlx-lm refuses such
+//! models; here the states are kept before each forward pass that may be rejected in part, and a
+//! rejection puts them back and runs the accepted tokens through the model again (their logits
+//! unused), which leaves every cache as plain decoding of the same tokens would.
+use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, Caches, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
@@ -221,6 +226,41 @@ fn step_padded(
     Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
 }
 
+/// Whether speculation can rewind `cache`: every layer trims, or keeps a recurrent state.
+fn rewindable(cache: &[Box<dyn KvCache>]) -> bool {
+    cache.iter().all(|c| c.is_trimmable() || c.as_arrays().is_some())
+}
+
+/// Leaves `cache`, which was just fed `fed`, holding only the first `kept` of them: a trim of the
+/// rest, or, with recurrent layers, their states from `before` (taken before `fed`), the other
+/// layers trimmed back as far, and the kept tokens run through `model` again.
+fn rewind(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    before: Option<Vec<Option<ArraysCache>>>,
+    fed: &[u32],
+    kept: usize,
+    config: &GenerateConfig,
+) -> Result<()> {
+    if kept >= fed.len() {
+        return Ok(());
+    }
+    let Some(states) = before else {
+        trim_prompt_cache(cache, (fed.len() - kept) as i32)?;
+        return Ok(());
+    };
+    ArraysCache::restore(cache, &states);
+    for c in cache.iter_mut().filter(|c| c.as_arrays().is_none()) {
+        c.trim(fed.len() as i32)?;
+    }
+    if kept > 0 {
+        let ids: Vec<i32> = fed[..kept].iter().map(|&t| t as i32).collect();
+        model.forward(&Array::from_slice(&ids, &[1, kept as i32])?, cache)?;
+        maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
+    }
+    Ok(())
+}
+
 /// The continuation (`max` tokens) of the latest earlier occurrence of the last n-gram of `seq`,
 /// for n from `ngram` down to 1; empty when there is none. A continuation that reaches the end of
 /// `seq` goes on with itself (the pattern from the match to the end repeats: a run of one token
@@ -313,7 +353,7 @@ impl<'m> SpeculativeGenerator<'m> {
         if spec.num_draft_tokens == 0 {
             return invalid("the number of draft tokens must be at least 1");
         }
-        if !can_trim_prompt_cache(&cache) {
+        if !rewindable(&cache) {
             return invalid("speculative decoding needs a trimmable KV cache (not a rotating one)");
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
@@ -325,7 +365,7 @@ impl<'m> SpeculativeGenerator<'m> {
         match &mut draft {
             Draft::Model { model: d, cache: dc } => {
                 config.sampler.validate_vocab(d.vocab_size())?;
-                if !can_trim_prompt_cache(dc) {
+                if !rewindable(dc) {
                     return invalid("speculative decoding needs a trimmable draft KV cache (not a rotating one)");
                 }
                 prefill(*d, dc, &all, step, kv_quant, |_| Ok(()))?;
@@ -349,7 +389,9 @@ impl<'m> SpeculativeGenerator<'m> {
         let config_max = config.max_tokens;
         let exact_anyway = config.sampler.is_greedy() && processors.is_empty();
         let pace = (spec.fallback && exact_anyway).then(Pace::new);
-        let pipelined = exact_anyway && spec.pipeline && matches!(draft, Draft::PromptLookup { .. });
+        // Padding and pipelining rewind by trimming: not over recurrent states.
+        let trimmable = can_trim_prompt_cache(&cache);
+        let pipelined = exact_anyway && spec.pipeline && trimmable && matches!(draft, Draft::PromptLookup { .. });
         let trace = std::env::var_os("MLX_GEN_TRACE").map(|_| Trace::default());
         Ok(SpeculativeGenerator {
             model,
@@ -359,7 +401,7 @@ impl<'m> SpeculativeGenerator<'m> {
             k,
             k_max: 4 * k,
             adaptive: spec.adaptive,
-            pad_verify: spec.pad_verify.max(1),
+            pad_verify: if trimmable { spec.pad_verify.max(1) } else { 1 },
             y: vec![last],
             draft_y: vec![last],
             history,
@@ -379,6 +421,23 @@ impl<'m> SpeculativeGenerator<'m> {
 
     pub fn stats(&self) -> SpecStats {
         SpecStats { fallbacks: self.pace.as_ref().map_or(0, |p| p.fallbacks), ..self.stats }
+    }
+
+    /// The target's caches and the draft model's (if any), as the tokens handed out so far left them:
+    /// the target holds the prompt and every handed-out token but the last (a pipelined round in
+    /// flight is rewound; a queued plain step too, where the cache trims), the draft model what
+    /// it was fed.
+    pub fn into_caches(mut self) -> Result<(Caches, Option<Caches>)> {
+        let mut queued = self.inflight.take().map_or(0, |r| r.positions());
+        if self.plain_pending.take().is_some() && can_trim_prompt_cache(&self.cache) {
+            queued += 1;
+        }
+        trim_prompt_cache(&mut self.cache, queued as i32)?;
+        let draft = match std::mem::replace(&mut self.draft, Draft::PromptLookup { ngram: 1 }) {
+            Draft::Model { cache, .. } => Some(cache),
+            Draft::PromptLookup { .. } => None,
+        };
+        Ok((std::mem::take(&mut self.cache), draft))
     }
 
     /// The draft length of the next round.
@@ -437,6 +496,11 @@ impl<'m> SpeculativeGenerator<'m> {
         let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let want = (max - self.ntoks).min(self.k);
         // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
+        let draft_before = match &self.draft {
+            Draft::Model { cache, .. } => ArraysCache::snapshot(cache),
+            Draft::PromptLookup { .. } => None,
+        };
+        let draft_input = self.draft_y.clone();
         let (draft_tokens, lookup) = match &mut self.draft {
             Draft::Model { model, cache } => {
                 let mut ds = Vec::with_capacity(want);
@@ -470,13 +534,16 @@ impl<'m> SpeculativeGenerator<'m> {
             (false, Some(found)) => Some(Array::from_slice(found, &[found.len() as i32])?),
             (false, None) => Some(ops::concatenate(&draft_tokens.iter().collect::<Vec<_>>(), 0)?),
         };
+        // Recurrent layers' states, to put back if drafts are rejected (None without such layers).
+        let before = ArraysCache::snapshot(&self.cache);
         let v = self.queue_verify(&y, draft.as_ref(), num_draft)?;
         mlx::eval(&[&v.tokens, &v.input])?;
         let tokens: Vec<u32> = v.tokens.to_vec()?;
-        let drafted: Vec<u32> = v.input.astype(Dtype::U32)?.to_vec()?;
-        let drafted = &drafted[self.y.len()..self.y.len() + num_draft];
+        let mut fed: Vec<u32> = v.input.astype(Dtype::U32)?.to_vec()?;
+        fed.truncate(v.real);
+        let drafted = &fed[self.y.len()..];
         let t_verify = Instant::now();
-        let before = self.ntoks;
+        let handed_before = self.ntoks;
         let n = self.accept(&tokens, drafted, &v.logprobs)?;
         self.y = vec![tokens[n]];
         self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
@@ -490,9 +557,14 @@ impl<'m> SpeculativeGenerator<'m> {
         let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
         self.history.drop_last(extra)?;
         self.history.cut_front()?;
-        trim_prompt_cache(&mut self.cache, (num_draft - n) as i32)?;
-        if let Draft::Model { cache, .. } = &mut self.draft {
-            trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
+        // The target was fed its pending token and the drafts, the draft model its input and all
+        // drafts but the last: each keeps what was accepted.
+        let kept = fed.len() - (num_draft - n);
+        rewind(self.model, &mut self.cache, before, &fed, kept, &self.config)?;
+        if let Draft::Model { model, cache } = &mut self.draft {
+            let fed: Vec<u32> = draft_input.iter().copied().chain(drafted[..num_draft.saturating_sub(1)].iter().copied()).collect();
+            let kept = fed.len() - (num_draft - n).saturating_sub(1);
+            rewind(*model, cache, draft_before, &fed, kept, &self.config)?;
         }
         let end = Instant::now();
         if let Some(t) = self.trace.as_mut() {
@@ -501,7 +573,7 @@ impl<'m> SpeculativeGenerator<'m> {
             t.verify_s += (t_verify - drafted_at).as_secs_f64();
             t.host_s += (end - t_verify).as_secs_f64();
         }
-        self.finish_round(num_draft, n, self.ntoks - before, t0);
+        self.finish_round(num_draft, n, self.ntoks - handed_before, t0);
         Ok(())
     }
 

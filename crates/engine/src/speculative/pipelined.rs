@@ -24,6 +24,13 @@ pub(super) struct Inflight {
     drafted: Vec<u32>,
 }
 
+impl Inflight {
+    /// The positions the queued round added to the cache.
+    pub(super) fn positions(&self) -> usize {
+        self.v.real
+    }
+}
+
 impl SpeculativeGenerator<'_> {
     /// Queues a verification of `drafted` after the pending input `y` (1,).
     fn queue_lookup(&mut self, y: &Array, drafted: Vec<u32>) -> Result<Inflight> {
