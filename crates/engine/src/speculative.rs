@@ -432,7 +432,9 @@ impl<'m> SpeculativeGenerator<'m> {
         if self.plain_pending.take().is_some() && can_trim_prompt_cache(&self.cache) {
             queued += 1;
         }
-        trim_prompt_cache(&mut self.cache, queued as i32)?;
+        if queued > 0 {
+            trim_prompt_cache(&mut self.cache, queued as i32)?;
+        }
         let draft = match std::mem::replace(&mut self.draft, Draft::PromptLookup { ngram: 1 }) {
             Draft::Model { cache, .. } => Some(cache),
             Draft::PromptLookup { .. } => None,
@@ -592,7 +594,9 @@ impl<'m> SpeculativeGenerator<'m> {
         let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?; // (real + pad,)
         let (tokens, logprobs) =
             step_padded(self.model, &mut self.cache, &input, pad as i32, num_draft as i32 + 1, &self.config, &mut self.history)?;
-        trim_prompt_cache(&mut self.cache, pad as i32)?;
+        if pad > 0 {
+            trim_prompt_cache(&mut self.cache, pad as i32)?;
+        }
         Ok(Verify { tokens, logprobs, input, real })
     }
 
