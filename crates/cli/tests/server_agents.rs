@@ -97,7 +97,8 @@ fn the_anthropic_client_gets_messages() {
 }
 
 /// `generate --json-schema / --regex / --grammar`: outputs follow them whatever the weights, sampled
-/// or not; bad grammars and speculative decoding are one-line errors.
+/// or not, also with speculative decoding (greedy: the tokens of constrained plain decoding, drafts
+/// checked against the grammar); bad grammars are one-line errors.
 #[test]
 fn generate_follows_schemas_regexes_and_grammars() {
     let model = common::model("qwen2-f32");
@@ -131,7 +132,26 @@ fn generate_follows_schemas_regexes_and_grammars() {
     let bad = dir.join("bad.json");
     std::fs::write(&bad, r#"{"type": "nope"}"#).unwrap();
     common::assert_error(&common::mlx_gen(&["generate", "--model", model, "--json-schema", bad.to_str().unwrap()], None), 1, &["--json-schema", "nope"]);
-    common::assert_error(&common::mlx_gen(&["generate", "--model", model, "--regex", "a", "--prompt-lookup", "2"], None), 1, &["speculative"]);
+    // Speculative decoding under each constraint: greedy tokens as constrained plain decoding's;
+    // sampled, the output still follows the grammar.
+    let draft = common::model("llama3-q4g64");
+    let draft = draft.to_str().unwrap();
+    let lark_s = lark.to_str().unwrap();
+    for constraint in [&["--json-schema", schema_s][..], &["--regex", "[0-9]{2}-[a-c]+"], &["--grammar", lark_s]] {
+        let plain = run(constraint);
+        for spec in [&["--prompt-lookup", "2", "--num-draft-tokens", "4"][..], &["--draft-model", draft, "--num-draft-tokens", "3"]] {
+            let r = run(&[constraint, spec].concat());
+            assert_eq!(r["tokens"], plain["tokens"], "{constraint:?} {spec:?}: tokens differ from constrained plain decoding");
+            assert!(r["draft_tokens_proposed"].as_u64().is_some_and(|p| p > 0), "{constraint:?} {spec:?}: nothing drafted: {r}");
+            let sampled = run(&[constraint, spec, &["--temp", "1.0", "--seed", "3"]].concat());
+            let t = sampled["text"].as_str().unwrap();
+            match constraint[0] {
+                "--json-schema" => assert!(serde_json::from_str::<Value>(t).is_ok_and(|v| v["n"].is_i64()), "{t:?}"),
+                "--regex" => assert!(t.len() >= 4 && t.as_bytes()[2] == b'-', "{t:?}"),
+                _ => assert!(t == "yes!" || t == "no!", "{t:?}"),
+            }
+        }
+    }
     let out = common::mlx_gen(&["generate", "--model", model, "--regex", "a", "--json-schema", schema_s], None);
     assert_eq!(out.status.code(), Some(2), "two constraints at once is a usage error");
     let _ = std::fs::remove_dir_all(&dir);

@@ -27,6 +27,7 @@ use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
 use crate::pace::{Pace, Phase};
+use crate::sample::constraint::{draft_masks, TokenConstraint};
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -189,9 +190,12 @@ fn step(
     config: &GenerateConfig,
     history: &mut History,
 ) -> Result<(Array, Array)> {
-    step_padded(model, cache, input, 0, n_predict, config, history)
+    step_padded(model, cache, input, 0, n_predict, config, history, None)
 }
 
+/// [`step`] over an input whose last `padded` positions are padding, with constrained decoding's
+/// masks (`n_predict` rows of vocab flags) applied to the sampled positions.
+#[allow(clippy::too_many_arguments)]
 fn step_padded(
     model: &dyn Model,
     cache: &mut [Box<dyn KvCache>],
@@ -200,6 +204,7 @@ fn step_padded(
     n_predict: i32,
     config: &GenerateConfig,
     history: &mut History,
+    masks: Option<&[bool]>,
 ) -> Result<(Array, Array)> {
     let full = input.dim(0);
     let logits = model.forward(&input.reshape(&[1, full])?, cache)?; // (1, L, vocab)
@@ -209,14 +214,16 @@ fn step_padded(
     let sampler = &config.sampler;
     if sampler.processors.is_empty() {
         // All positions in one sampler call (one random draw for all of them).
-        return sampler.process_and_sample(&logits.squeeze(&[0])?, None, None);
+        return sampler.process_and_sample_masked(&logits.squeeze(&[0])?, None, None, masks);
     }
+    let vocab = logits.dim(-1) as usize;
     let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
     let (mut ys, mut lps) = (Vec::new(), Vec::new());
     for i in 0..n_predict {
         history.push(&y)?;
         let row = logits.slice_axis(1, i, i + 1)?.squeeze(&[1])?; // (1, vocab)
-        let (t, lp) = sampler.process_and_sample(&row, history.tokens.as_ref(), None)?;
+        let mask = masks.map(|m| &m[i as usize * vocab..(i as usize + 1) * vocab]);
+        let (t, lp) = sampler.process_and_sample_masked(&row, history.tokens.as_ref(), None, mask)?;
         ys.push(t.clone());
         lps.push(lp);
         y = t;
@@ -316,6 +323,8 @@ pub struct SpeculativeGenerator<'m> {
     inflight: Option<pipelined::Inflight>,
     /// Whether the last pipelined round accepted all its drafts (then the next is queued early).
     all_accepted: bool,
+    /// Constrained decoding: the grammar every handed-out token follows.
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -344,9 +353,25 @@ impl<'m> SpeculativeGenerator<'m> {
         model: &'m dyn Model,
         prompt: &[u32],
         cache: Vec<Box<dyn KvCache>>,
+        draft: Draft<'m>,
+        config: GenerateConfig,
+        spec: SpeculativeConfig,
+    ) -> Result<SpeculativeGenerator<'m>> {
+        Self::new_constrained(model, prompt, cache, draft, config, spec, None)
+    }
+
+    /// [`SpeculativeGenerator::new`] with every handed-out token following `constraint`: drafts
+    /// are checked against it ahead of the verification, whose positions are sampled under its
+    /// masks (so greedy tokens are those of constrained plain decoding). Every round speculates
+    /// (no plain fallback) and rounds are not pipelined.
+    pub fn new_constrained(
+        model: &'m dyn Model,
+        prompt: &[u32],
+        cache: Vec<Box<dyn KvCache>>,
         mut draft: Draft<'m>,
         config: GenerateConfig,
         spec: SpeculativeConfig,
+        constraint: Option<Box<dyn TokenConstraint>>,
     ) -> Result<SpeculativeGenerator<'m>> {
         let invalid = |m: &str| Err(EngineError::Invalid(m.into()));
         config.validate(model, prompt)?;
@@ -387,7 +412,7 @@ impl<'m> SpeculativeGenerator<'m> {
         let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
         let k = spec.num_draft_tokens;
         let config_max = config.max_tokens;
-        let exact_anyway = config.sampler.is_greedy() && processors.is_empty();
+        let exact_anyway = config.sampler.is_greedy() && processors.is_empty() && constraint.is_none();
         let pace = (spec.fallback && exact_anyway).then(Pace::new);
         // Padding and pipelining rewind by trimming: not over recurrent states.
         let trimmable = can_trim_prompt_cache(&cache);
@@ -416,6 +441,7 @@ impl<'m> SpeculativeGenerator<'m> {
             pipelined,
             inflight: None,
             all_accepted: true,
+            constraint,
         })
     }
 
@@ -440,6 +466,11 @@ impl<'m> SpeculativeGenerator<'m> {
             Draft::PromptLookup { .. } => None,
         };
         Ok((std::mem::take(&mut self.cache), draft))
+    }
+
+    /// Why the constraint ended generation early, if it did.
+    pub fn constraint_note(&self) -> Option<String> {
+        self.constraint.as_ref().and_then(|c| c.note())
     }
 
     /// The draft length of the next round.
@@ -536,9 +567,17 @@ impl<'m> SpeculativeGenerator<'m> {
             (false, Some(found)) => Some(Array::from_slice(found, &[found.len() as i32])?),
             (false, None) => Some(ops::concatenate(&draft_tokens.iter().collect::<Vec<_>>(), 0)?),
         };
+        // Constrained decoding: each position's mask, the grammar advanced along the drafts (which
+        // the host reads first when a draft model made them).
+        let masks = match (self.constraint.as_mut(), &lookup, &draft) {
+            (Some(c), Some(found), _) => Some(draft_masks(c.as_mut(), found, self.model.vocab_size() as usize)?),
+            (Some(c), None, Some(d)) => Some(draft_masks(c.as_mut(), &d.to_vec::<u32>()?, self.model.vocab_size() as usize)?),
+            (Some(c), None, None) => Some(draft_masks(c.as_mut(), &[], self.model.vocab_size() as usize)?),
+            (None, ..) => None,
+        };
         // Recurrent layers' states, to put back if drafts are rejected (None without such layers).
         let before = ArraysCache::snapshot(&self.cache);
-        let v = self.queue_verify(&y, draft.as_ref(), num_draft)?;
+        let v = self.queue_verify(&y, draft.as_ref(), num_draft, masks.as_deref())?;
         mlx::eval(&[&v.tokens, &v.input])?;
         let tokens: Vec<u32> = v.tokens.to_vec()?;
         let mut fed: Vec<u32> = v.input.astype(Dtype::U32)?.to_vec()?;
@@ -547,6 +586,11 @@ impl<'m> SpeculativeGenerator<'m> {
         let t_verify = Instant::now();
         let handed_before = self.ntoks;
         let n = self.accept(&tokens, drafted, &v.logprobs)?;
+        if let Some(c) = self.constraint.as_mut() {
+            for &t in &tokens[..=n] {
+                c.commit(t)?;
+            }
+        }
         self.y = vec![tokens[n]];
         self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
             // The last draft token has not been through the draft model yet.
@@ -582,7 +626,7 @@ impl<'m> SpeculativeGenerator<'m> {
     /// Queues the target's verification of `draft` (num_draft,) after the pending input `y` (L,):
     /// the forward pass, padded to a multiple of `pad_verify` positions (repeats of `y`'s first
     /// token, trimmed from the cache at once), and the sampling of its last num_draft + 1 positions.
-    fn queue_verify(&mut self, y: &Array, draft: Option<&Array>, num_draft: usize) -> Result<Verify> {
+    fn queue_verify(&mut self, y: &Array, draft: Option<&Array>, num_draft: usize, masks: Option<&[bool]>) -> Result<Verify> {
         let real = y.dim(0) as usize + num_draft;
         let pad = if num_draft > 0 && self.pad_verify > 1 { real.next_multiple_of(self.pad_verify) - real } else { 0 };
         let mut parts = vec![y.clone()];
@@ -592,8 +636,16 @@ impl<'m> SpeculativeGenerator<'m> {
             parts.extend(std::iter::repeat_n(first, pad));
         }
         let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?; // (real + pad,)
-        let (tokens, logprobs) =
-            step_padded(self.model, &mut self.cache, &input, pad as i32, num_draft as i32 + 1, &self.config, &mut self.history)?;
+        let (tokens, logprobs) = step_padded(
+            self.model,
+            &mut self.cache,
+            &input,
+            pad as i32,
+            num_draft as i32 + 1,
+            &self.config,
+            &mut self.history,
+            masks,
+        )?;
         if pad > 0 {
             trim_prompt_cache(&mut self.cache, pad as i32)?;
         }

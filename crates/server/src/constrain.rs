@@ -100,7 +100,7 @@ impl Constraints {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(GuidanceConstraint { matcher, note: None, vocab: self.vocab, eos: self.eos.clone() })
+        Ok(GuidanceConstraint { matcher, note: None, vocab: self.vocab, eos: self.eos.clone(), consumed: 0, note_at: 0 })
     }
 }
 
@@ -118,12 +118,21 @@ pub struct GuidanceConstraint {
     note: Option<String>,
     vocab: usize,
     eos: Vec<u32>,
+    /// Tokens the matcher consumed, and how many it had when `note` was set (a rollback past
+    /// that point clears the note).
+    consumed: usize,
+    note_at: usize,
 }
 
 impl GuidanceConstraint {
     /// Whether the grammar is complete (the output so far is a whole match).
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    fn set_note(&mut self, note: String) {
+        self.note = Some(note);
+        self.note_at = self.consumed;
     }
 
     fn eos_only(&self, vocab: usize) -> Vec<bool> {
@@ -151,11 +160,11 @@ impl TokenConstraint for GuidanceConstraint {
                 Ok(allowed)
             }
             Ok(_) => {
-                self.note = Some("the grammar allows no token here (it dead-ended)".into());
+                self.set_note("the grammar allows no token here (it dead-ended)".into());
                 Ok(self.eos_only(vocab))
             }
             Err(e) => {
-                self.note = Some(format!("the grammar failed: {e}"));
+                self.set_note(format!("the grammar failed: {e}"));
                 Ok(self.eos_only(vocab))
             }
         }
@@ -168,8 +177,21 @@ impl TokenConstraint for GuidanceConstraint {
         if token as usize >= self.vocab {
             return Err(EngineError::Invalid(format!("token {token} is outside the constrained vocabulary")));
         }
-        if let Err(e) = self.matcher.consume_token(token) {
-            self.note = Some(format!("the grammar rejected token {token}: {e}"));
+        match self.matcher.consume_token(token) {
+            Ok(()) => self.consumed += 1,
+            Err(e) => self.set_note(format!("the grammar rejected token {token}: {e}")),
+        }
+        Ok(())
+    }
+
+    fn rollback(&mut self, n: usize) -> engine::Result<()> {
+        let n = n.min(self.consumed);
+        if n > 0 {
+            self.matcher.rollback(n).map_err(|e| EngineError::Invalid(format!("the grammar cannot go back {n} tokens: {e}")))?;
+            self.consumed -= n;
+        }
+        if self.note.is_some() && self.note_at > self.consumed {
+            self.note = None;
         }
         Ok(())
     }
@@ -236,6 +258,29 @@ mod tests {
         assert!(run(&mut c, "no")[258]);
         assert!(cs.compile(&Grammar::Lark("start: undefined_rule".into())).is_err());
         assert!(cs.compile(&Grammar::JsonSchema(json!({"type": "nonsense"}))).is_err());
+    }
+
+    #[test]
+    fn drafts_are_checked_ahead_and_the_matcher_goes_back() {
+        let cs = constraints();
+        let mut c = cs.compile(&Grammar::Regex("ab+c".into())).expect("regex");
+        let (a, b, c_, z) = (u32::from(b'a'), u32::from(b'b'), u32::from(b'c'), u32::from(b'z'));
+        // a, b allowed in turn; z refused after "ab": its row and the ones after repeat "ab"'s mask.
+        let m = engine::sample::constraint::draft_masks(&mut c, &[a, b, z, c_], 260).expect("masks");
+        assert_eq!(m.len(), 5 * 260);
+        let row = |i: usize| &m[i * 260..(i + 1) * 260];
+        assert!(row(0)[a as usize] && !row(0)[b as usize]);
+        assert!(row(1)[b as usize] && !row(1)[a as usize] && !row(1)[c_ as usize]);
+        assert!(row(2)[b as usize] && row(2)[c_ as usize] && !row(2)[z as usize]);
+        assert_eq!(row(3), row(2));
+        assert_eq!(row(4), row(2));
+        // The matcher is back at the start.
+        assert!(c.allowed(260).expect("mask")[a as usize]);
+        // A dead end met ahead is forgotten on the way back.
+        let mut c = cs.compile(&Grammar::Regex("ab".into())).expect("regex");
+        engine::sample::constraint::draft_masks(&mut c, &[a, b, b], 260).expect("masks");
+        assert!(c.note().is_none(), "{:?}", c.note());
+        assert!(c.allowed(260).expect("mask")[a as usize]);
     }
 
     #[test]

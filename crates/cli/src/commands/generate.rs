@@ -154,9 +154,6 @@ pub fn run(args: Args) -> Result<()> {
     if args.spec.draft_model.is_some() && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file does not combine with --draft-model (the cache holds the model's prompt only)");
     }
-    if args.spec.enabled() && args.constrain.grammar()?.is_some() {
-        bail!("--json-schema, --grammar and --regex do not combine with speculative decoding (--draft-model, --prompt-lookup) yet");
-    }
     let constraint = args.constrain.compile(&loaded)?;
     let draft = args.spec.load_draft(&loaded)?;
     let sampler = args.sampling.for_models(sampler, &loaded, draft.as_ref())?;

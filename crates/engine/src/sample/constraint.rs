@@ -17,6 +17,9 @@ pub trait TokenConstraint: Send {
     fn allowed(&mut self, vocab: usize) -> Result<Vec<bool>>;
     /// Moves past the chosen token.
     fn commit(&mut self, token: u32) -> Result<()>;
+    /// Undoes the last `n` commits (speculative decoding checks draft tokens ahead, then goes back),
+    /// and any note they or the masks after them caused.
+    fn rollback(&mut self, n: usize) -> Result<()>;
     /// Why the constraint ended generation early (it dead-ended or rejected a token), if it did.
     fn note(&self) -> Option<String>;
 }
@@ -32,6 +35,30 @@ pub fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array> {
     let mask = Array::from_slice(&flags, &[rows, vocab])?.astype(Dtype::Bool)?; // (rows, vocab)
     let neg_inf = Array::scalar(f64::NEG_INFINITY, logits.dtype())?;
     Ok(ops::where_(&mask, logits, &neg_inf)?)
+}
+
+/// The masks of a speculative round's positions (the pending token's, then one after each draft
+/// token), `drafted.len() + 1` rows of `vocab` flags, from `c` advanced along the drafts while it
+/// allows them; past a draft it refuses, the rows repeat the last mask (that draft is rejected at
+/// its position, so they are never used). `c` is left as it was.
+pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -> Result<Vec<bool>> {
+    let mut masks = Vec::with_capacity((drafted.len() + 1) * vocab);
+    let mut last = c.allowed(vocab)?;
+    let mut committed = 0;
+    for &d in drafted {
+        masks.extend_from_slice(&last);
+        if !last.get(d as usize).copied().unwrap_or(false) {
+            break;
+        }
+        c.commit(d)?;
+        committed += 1;
+        last = c.allowed(vocab)?;
+    }
+    while masks.len() < (drafted.len() + 1) * vocab {
+        masks.extend_from_slice(&last);
+    }
+    c.rollback(committed)?;
+    Ok(masks)
 }
 
 #[cfg(test)]

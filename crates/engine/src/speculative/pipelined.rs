@@ -35,7 +35,7 @@ impl SpeculativeGenerator<'_> {
     /// Queues a verification of `drafted` after the pending input `y` (1,).
     fn queue_lookup(&mut self, y: &Array, drafted: Vec<u32>) -> Result<Inflight> {
         let draft = if drafted.is_empty() { None } else { Some(Array::from_slice(&drafted, &[drafted.len() as i32])?) };
-        let v = self.queue_verify(y, draft.as_ref(), drafted.len())?;
+        let v = self.queue_verify(y, draft.as_ref(), drafted.len(), None)?;
         mlx::async_eval(&[&v.tokens, &v.logprobs])?;
         Ok(Inflight { v, drafted })
     }

@@ -66,10 +66,7 @@ impl SpecArgs {
             (None, Some(n)) => Draft::PromptLookup { ngram: n as usize },
             (None, None) => return Ok(Tokens::Plain(Box::new(Generator::new_constrained(model, prompt, cache, config, constraint)?))),
         };
-        if constraint.is_some() {
-            bail!("constrained decoding does not combine with speculative decoding yet");
-        }
-        Ok(Tokens::Spec(Box::new(SpeculativeGenerator::new(model, prompt, cache, drafter, config, spec)?)))
+        Ok(Tokens::Spec(Box::new(SpeculativeGenerator::new_constrained(model, prompt, cache, drafter, config, spec, constraint)?)))
     }
 }
 
@@ -111,11 +108,11 @@ pub enum Tokens<'m> {
 }
 
 impl Tokens<'_> {
-    /// Why the grammar ended generation early, if it did (plain generation only).
+    /// Why the grammar ended generation early, if it did.
     pub fn constraint_note(&self) -> Option<String> {
         match self {
             Tokens::Plain(g) => g.constraint_note(),
-            Tokens::Spec(_) => None,
+            Tokens::Spec(s) => s.constraint_note(),
         }
     }
 
