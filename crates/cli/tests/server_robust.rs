@@ -134,3 +134,20 @@ fn the_kv_budget_counts_the_padded_batch() {
     let (_, idle) = s.wait_for_metrics(&["mlxgen_queue_depth 0", "mlxgen_running_sequences 0", "mlxgen_kv_blocks_in_use 0"]);
     assert!(idle);
 }
+
+/// A client that leaves before a non-streaming answer frees its rows: the KV blocks in use go back
+/// to zero long before its (endless) generation would have ended.
+#[test]
+fn a_client_that_leaves_before_the_answer_frees_its_blocks() {
+    use std::io::Write;
+    let s = Server::start(&model(), &[]);
+    let body = json!({"prompt": "hello", "max_tokens": 1_000_000}).to_string();
+    let mut conn = std::net::TcpStream::connect(&s.addr).expect("connect");
+    write!(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let (text, running) = s.wait_for_metrics(&["mlxgen_running_sequences 1"]);
+    assert!(running, "{text}");
+    assert!(!text.contains("mlxgen_kv_blocks_in_use 0\n"), "a running sequence holds KV blocks");
+    drop(conn);
+    let (text, idle) = s.wait_for_metrics(&["mlxgen_running_sequences 0", "mlxgen_kv_blocks_in_use 0"]);
+    assert!(idle, "the rows of a client that left are still held: {}", text.lines().filter(|l| l.starts_with("mlxgen_kv") || l.starts_with("mlxgen_running")).collect::<Vec<_>>().join("; "));
+}
