@@ -632,7 +632,8 @@ impl<'m> Worker<'m> {
     fn publish(&self) {
         let (running, prefilling) = self.engine.len();
         let blocks = if self.choices.is_empty() { 0 } else { self.padded_positions(0, 0).div_ceil(BLOCK) };
-        let cached = self.pool.as_ref().map_or(0, |p| p.usage().1);
+        // Not `usage()`, which counts the used blocks one by one.
+        let cached = self.pool.as_ref().map_or(0, PagedPool::cached_blocks);
         self.metrics.batch(running + prefilling, blocks, cached);
     }
 }

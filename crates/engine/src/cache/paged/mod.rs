@@ -82,6 +82,11 @@ impl PagedPool {
         (inner.alloc.used_blocks(), inner.alloc.cached_blocks(), inner.alloc.num_sequences())
     }
 
+    /// Cached blocks no sequence holds (cheap: what a server's gauge reads every step).
+    pub fn cached_blocks(&self) -> usize {
+        self.lock().alloc.cached_blocks()
+    }
+
     /// Drops the cached prefixes no sequence holds.
     pub fn clear_cached(&self) {
         self.lock().alloc.clear_cached();
