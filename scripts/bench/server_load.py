@@ -14,11 +14,13 @@ as a table and as JSON (--json FILE, or stdout with --json -).
 The stall regression (issue 20): `--rounds 10` also reports, per level, each round's worst TTFT,
 the worst over all rounds and the median round's, and their ratio (`worst_vs_median_round`);
 `--max-ttft-ratio 3` fails the run (exit 1) when the ratio is higher. `--long-every K` makes every
-K-th stream's prompt `--long-prompt-words` long (short and long prompts mixed) and `--stagger-ms`
-spaces the streams' arrivals, so that newcomers' prefills meet running decodes:
+K-th stream's prompt `--long-prompt-words` long (short and long prompts mixed), `--stagger-ms`
+spaces the streams' arrivals, so that newcomers' prefills meet running decodes, and `--vary-words`
+lengthens every round's prompts, so that each round meets prompt and cache lengths not seen before
+(a stall that is paid once per new shape shows in every round, not only the first):
 
   python3 scripts/bench/server_load.py --model PATH --server mlx-gen --concurrency 8 --rounds 10 \
-      --long-every 4 --long-prompt-words 600 --stagger-ms 50 --max-ttft-ratio 3
+      --long-every 4 --long-prompt-words 600 --stagger-ms 50 --vary-words 5 --max-ttft-ratio 3
 
 Standard library only (http.client + threads), so it runs on a machine that has nothing but
 python3 with mlx and mlx-lm. Loopback only: it starts the servers itself on 127.0.0.1, or talks to
@@ -208,7 +210,8 @@ def run_level(host, port, c, args, api_key, offset):
             if args.stagger_ms:
                 time.sleep(i * args.stagger_ms / 1000)
             long = args.long_every and i % args.long_every == args.long_every - 1
-            out[i] = one_stream(host, port, first + i, args, api_key, args.long_prompt_words if long else None)
+            words = (args.long_prompt_words if long else args.prompt_words) + r * args.vary_words
+            out[i] = one_stream(host, port, first + i, args, api_key, words)
 
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(c)]
         for t in threads:
@@ -298,6 +301,7 @@ def main():
     ap.add_argument("--long-every", type=int, default=0, help="every K-th stream of a round gets a long prompt (0: none)")
     ap.add_argument("--long-prompt-words", type=int, default=600, help="the long prompts' length in words")
     ap.add_argument("--stagger-ms", type=float, default=0.0, help="stream i of a round starts i times this later")
+    ap.add_argument("--vary-words", type=int, default=0, help="round r's prompts are r times this many words longer (new shapes every round)")
     ap.add_argument("--max-ttft-ratio", type=float, default=None, help="fail when a level's worst round TTFT is above this times the median round's")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--startup-timeout", type=float, default=600.0)
@@ -312,7 +316,7 @@ def main():
 
     results = []
     meta = {"model": args.model, "max_tokens": args.max_tokens, "prompt_words": args.prompt_words, "rounds": args.rounds,
-            "long_every": args.long_every, "long_prompt_words": args.long_prompt_words, "stagger_ms": args.stagger_ms,
+            "long_every": args.long_every, "long_prompt_words": args.long_prompt_words, "stagger_ms": args.stagger_ms, "vary_words": args.vary_words,
             "levels": args.levels, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if args.url:
         u = urllib.parse.urlparse(args.url)
