@@ -283,6 +283,16 @@ def table(results):
     return "\n".join(lines)
 
 
+def write_json(path, doc):
+    """`doc` as JSON to the file `path` ('-': stdout; None: nowhere)."""
+    if path == "-":
+        print(json.dumps(doc, indent=2))
+    elif path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model folder (or repo id) both servers load")
@@ -355,12 +365,7 @@ def main():
     for k, v in summary.items():
         print(f"{k}: {v}x")
     doc = {"meta": meta, "results": results, "summary": summary}
-    if args.json == "-":
-        print(json.dumps(doc, indent=2))
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+    write_json(args.json, doc)
     stalled = [r for r in results if args.max_ttft_ratio and (r.get("worst_vs_median_round") or 0) > args.max_ttft_ratio]
     for r in stalled:
         print(f"[{r['server']}] {r['concurrency']} streams: worst round TTFT {r['worst_vs_median_round']}x the median round's "

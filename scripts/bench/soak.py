@@ -28,55 +28,26 @@ import os
 import random
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_load import Started, default_mlx_gen, free_port, write_json  # noqa: E402  (this folder's helpers)
+
 MAX_BODY = 65536
 WORDS = ["river", "lamp", "orbit", "violin", "harbor", "maple", "signal", "copper", "meadow", "lantern", "cipher", "glacier"]
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(Started):
+    """`mlx-gen serve` with the soak's limits; stopped by stop()."""
 
-
-def default_mlx_gen():
-    for p in ("target/release/mlx-gen", "target/debug/mlx-gen"):
-        full = os.path.join(ROOT, p)
-        if os.path.isfile(full):
-            return full
-    return "mlx-gen"
-
-
-class Server:
     def __init__(self, args):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="soak-", suffix=".log", delete=False)
-        cmd = [args.mlx_gen, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(self.port),
+        port = free_port()
+        cmd = [args.mlx_gen, "serve", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
                "--max-body-bytes", str(MAX_BODY), "--max-batch-size", "8", "--kv-budget-mb", str(args.kv_budget_mb),
                "--prefix-cache-mb", str(args.prefix_cache_mb)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if request(self.port, "GET", "/health", None, 2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("the server did not answer /health within 120 s")
-
-    def tail(self, n=20):
-        with open(self.log.name, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
+        super().__init__("mlx-gen", cmd, port, 120)
 
     def rss_mb(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -84,17 +55,6 @@ class Server:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024
         return None
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(20)
-        self.log.close()
-        os.unlink(self.log.name)
 
 
 def request(port, method, path, body, timeout, headers=None):
@@ -332,12 +292,7 @@ def main():
           f"(growth {growth} MB, limit {args.rss_growth_mb}); violations: {len(soak.violations)}", file=sys.stderr)
     for v in soak.violations:
         print(f"  {v}", file=sys.stderr)
-    if args.json == "-":
-        print(json.dumps(summary, indent=2))
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
-            f.write("\n")
+    write_json(args.json, summary)
     return 0 if not soak.violations and answered > 0 else 1
 
 
