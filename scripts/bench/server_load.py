@@ -11,6 +11,17 @@ For each concurrency level (default 1, 8, 32) it fires that many streaming chat 
   ttft p50/p99  time to first token, in ms
 as a table and as JSON (--json FILE, or stdout with --json -).
 
+The stall regression (issue 20): `--rounds 10` also reports, per level, each round's worst TTFT,
+the worst over all rounds and the median round's, and their ratio (`worst_vs_median_round`);
+`--max-ttft-ratio 3` fails the run (exit 1) when the ratio is higher. `--long-every K` makes every
+K-th stream's prompt `--long-prompt-words` long (short and long prompts mixed), `--stagger-ms`
+spaces the streams' arrivals, so that newcomers' prefills meet running decodes, and `--vary-words`
+lengthens every round's prompts, so that each round meets prompt and cache lengths not seen before
+(a stall that is paid once per new shape shows in every round, not only the first):
+
+  python3 scripts/bench/server_load.py --model PATH --server mlx-gen --concurrency 8 --rounds 10 \
+      --long-every 4 --long-prompt-words 600 --stagger-ms 50 --vary-words 5 --max-ttft-ratio 3
+
 Standard library only (http.client + threads), so it runs on a machine that has nothing but
 python3 with mlx and mlx-lm. Loopback only: it starts the servers itself on 127.0.0.1, or talks to
 --url, which must be a loopback address. Bounded: every request has a timeout, the whole run a
@@ -18,6 +29,7 @@ deadline, and the servers it started are stopped when it ends.
 
   python3 scripts/bench/server_load.py --model PATH [--server mlx-gen,mlx_lm] [--concurrency 1,8,32]
       [--max-tokens 128] [--prompt-words 48] [--rounds 1] [--mlx-gen BIN] [--json FILE]
+      [--long-every K --long-prompt-words N] [--stagger-ms MS] [--max-ttft-ratio R]
 """
 
 import argparse
@@ -111,9 +123,9 @@ def prompt_for(i, words):
     return f"Story {i}: write a long, vivid story about {topic}. Use these notes: {filler}"
 
 
-def one_stream(host, port, prompt_index, args, api_key):
+def one_stream(host, port, prompt_index, args, api_key, words=None):
     """One streaming chat request: its timings and token count."""
-    body = {"messages": [{"role": "user", "content": prompt_for(prompt_index, args.prompt_words)}], "max_tokens": args.max_tokens,
+    body = {"messages": [{"role": "user", "content": prompt_for(prompt_index, words or args.prompt_words)}], "max_tokens": args.max_tokens,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     if args.model_field:
         body["model"] = args.model_field
@@ -188,13 +200,18 @@ def percentile(xs, q):
 def run_level(host, port, c, args, api_key, offset):
     """`rounds` rounds of c simultaneous streams; the level's numbers."""
     recs = []
+    round_worst = []
     for r in range(args.rounds):
         out = [None] * c
         barrier = threading.Barrier(c)
 
         def client(i, first=offset + r * c):
             barrier.wait()
-            out[i] = one_stream(host, port, first + i, args, api_key)
+            if args.stagger_ms:
+                time.sleep(i * args.stagger_ms / 1000)
+            long = args.long_every and i % args.long_every == args.long_every - 1
+            words = (args.long_prompt_words if long else args.prompt_words) + r * args.vary_words
+            out[i] = one_stream(host, port, first + i, args, api_key, words)
 
         threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(c)]
         for t in threads:
@@ -203,6 +220,9 @@ def run_level(host, port, c, args, api_key, offset):
             t.join(args.request_timeout + 30)
         recs.extend(x for x in out if x is not None)
         recs.extend({"ok": False, "error": "no answer in time", "tokens": 0} for x in out if x is None)
+        firsts = [(x["first"] - x["start"]) * 1000 for x in out if x is not None and x["ok"]]
+        if firsts:
+            round_worst.append(round(max(firsts), 2))
     good = [x for x in recs if x["ok"]]
     level = {"concurrency": c, "requests": len(recs), "errors": len(recs) - len(good), "retries": sum(x.get("retries", 0) for x in recs),
              "error_samples": sorted({x["error"] for x in recs if x.get("error")})[:3]}
@@ -224,6 +244,10 @@ def run_level(host, port, c, args, api_key, offset):
         "ttft_p99_ms": round(percentile(ttft, 0.99), 2),
         "ttft_max_ms": round(max(ttft), 2),
     })
+    if len(round_worst) > 1:
+        median = statistics.median(round_worst)
+        level.update({"round_worst_ttft_ms": round_worst, "worst_ttft_ms": max(round_worst), "median_round_ttft_ms": round(median, 2),
+                      "worst_vs_median_round": round(max(round_worst) / median, 2) if median > 0 else None})
     return level
 
 
@@ -243,6 +267,9 @@ def bench_server(kind, host, port, args, api_key):
         levels.append(level)
         print(f"[{kind}] {c:>3} streams: {level.get('agg_tok_s')} tok/s aggregate, "
               f"TTFT p50 {level.get('ttft_p50_ms')} ms, errors {level['errors']}", file=sys.stderr)
+        if "worst_vs_median_round" in level:
+            print(f"[{kind}] {c:>3} streams over {args.rounds} rounds: worst TTFT {level['worst_ttft_ms']} ms, median round's "
+                  f"{level['median_round_ttft_ms']} ms ({level['worst_vs_median_round']}x); rounds: {level['round_worst_ttft_ms']}", file=sys.stderr)
     return levels
 
 
@@ -254,6 +281,16 @@ def table(results):
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
     return "\n".join(lines)
+
+
+def write_json(path, doc):
+    """`doc` as JSON to the file `path` ('-': stdout; None: nowhere)."""
+    if path == "-":
+        print(json.dumps(doc, indent=2))
+    elif path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
 
 
 def main():
@@ -271,6 +308,11 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-words", type=int, default=48, help="roughly the prompt's length in words")
     ap.add_argument("--rounds", type=int, default=1, help="rounds per level (more samples for the TTFT percentiles)")
+    ap.add_argument("--long-every", type=int, default=0, help="every K-th stream of a round gets a long prompt (0: none)")
+    ap.add_argument("--long-prompt-words", type=int, default=600, help="the long prompts' length in words")
+    ap.add_argument("--stagger-ms", type=float, default=0.0, help="stream i of a round starts i times this later")
+    ap.add_argument("--vary-words", type=int, default=0, help="round r's prompts are r times this many words longer (new shapes every round)")
+    ap.add_argument("--max-ttft-ratio", type=float, default=None, help="fail when a level's worst round TTFT is above this times the median round's")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     ap.add_argument("--deadline", type=float, default=1800.0, help="no new level starts after this many seconds per server")
@@ -284,6 +326,7 @@ def main():
 
     results = []
     meta = {"model": args.model, "max_tokens": args.max_tokens, "prompt_words": args.prompt_words, "rounds": args.rounds,
+            "long_every": args.long_every, "long_prompt_words": args.long_prompt_words, "stagger_ms": args.stagger_ms, "vary_words": args.vary_words,
             "levels": args.levels, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     if args.url:
         u = urllib.parse.urlparse(args.url)
@@ -322,13 +365,12 @@ def main():
     for k, v in summary.items():
         print(f"{k}: {v}x")
     doc = {"meta": meta, "results": results, "summary": summary}
-    if args.json == "-":
-        print(json.dumps(doc, indent=2))
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-    return 1 if any(r["errors"] for r in results) else 0
+    write_json(args.json, doc)
+    stalled = [r for r in results if args.max_ttft_ratio and (r.get("worst_vs_median_round") or 0) > args.max_ttft_ratio]
+    for r in stalled:
+        print(f"[{r['server']}] {r['concurrency']} streams: worst round TTFT {r['worst_vs_median_round']}x the median round's "
+              f"(limit {args.max_ttft_ratio}x)", file=sys.stderr)
+    return 1 if any(r["errors"] for r in results) or stalled else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 //! `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`).
 use crate::api::{self, ApiError};
 use crate::reasoning::ReasoningStream;
-use crate::routes::{json_response, submit, AppState, Started};
+use crate::routes::{json_response, submit, AppState, Events, Started};
 use crate::tools::{Piece, ToolCall, ToolStream};
 use crate::worker::Event;
 use axum::body::{Body, Bytes};
@@ -136,10 +136,16 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The Messages API fields this server implements; any other is a 400 naming it.
+const FIELDS: &[&str] = &["model", "max_tokens", "system", "messages", "temperature", "top_p", "top_k", "stop_sequences", "output_config", "thinking", "tools", "tool_choice", "stream"];
+
 /// The Anthropic body as the OpenAI chat body the engine runs, and whether it streams.
 fn translate(body: &[u8]) -> Result<(Value, bool), ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| ApiError { status: StatusCode::BAD_REQUEST, message: format!("the body is not valid JSON: {e}"), param: None, code: Some("invalid_json") })?;
     let Value::Object(o) = &v else { return Err(bad("body", "the body must be a JSON object")) };
+    if let Some(k) = o.iter().find(|(k, v)| !v.is_null() && !FIELDS.contains(&k.as_str())).map(|(k, _)| k) {
+        return Err(api::unsupported(k, &format!("'{}' is not supported by this server", api::clip(k))));
+    }
     let get = |k: &str| o.get(k).filter(|v| !v.is_null());
     let mut out = Map::new();
     match get("model") {
@@ -163,7 +169,7 @@ fn translate(body: &[u8]) -> Result<(Value, bool), ApiError> {
         message(m, i, &mut msgs)?;
     }
     out.insert("messages".into(), Value::Array(msgs));
-    for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop"), ("metadata", "metadata")] {
+    for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop")] {
         if let Some(x) = get(from) {
             out.insert(to.into(), x.clone());
         }
@@ -325,7 +331,7 @@ fn usage(started: &Started, output_tokens: usize) -> Value {
     json!({"input_tokens": started.prompt_tokens - started.cached_tokens, "cache_read_input_tokens": started.cached_tokens, "cache_creation_input_tokens": 0, "output_tokens": output_tokens})
 }
 
-async fn collect(mut answer: Answer, started: Started, mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+async fn collect(mut answer: Answer, started: Started, mut rx: Events) -> Result<Response, ApiError> {
     let mut parts = Vec::new();
     let (mut reason, mut output_tokens, mut stop_sequence) = ("stop", 0, None);
     while let Some(ev) = rx.recv().await {
@@ -362,7 +368,7 @@ fn event(name: &str, data: &Value) -> Bytes {
 }
 
 /// Anthropic's event stream; a client that goes away cancels the job (its receiver is dropped).
-fn sse(mut answer: Answer, started: Started, mut rx: mpsc::UnboundedReceiver<Event>) -> Response {
+fn sse(mut answer: Answer, started: Started, mut rx: Events) -> Response {
     let (btx, brx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let start = json!({"type": "message_start", "message": {
@@ -478,6 +484,9 @@ mod tests {
             ("tools[0].type", json!({"model": "m", "max_tokens": 1, "messages": m, "tools": [{"type": "web_search_20250305", "name": "w"}]})),
             ("tool_choice", json!({"model": "m", "max_tokens": 1, "messages": m, "tool_choice": {"type": "sometimes"}})),
             ("thinking", json!({"model": "m", "max_tokens": 1, "messages": m, "thinking": {"type": "enabled", "budget_tokens": 10}})),
+            ("metadata", json!({"model": "m", "max_tokens": 1, "messages": m, "metadata": {"user_id": "u"}})),
+            ("service_tier", json!({"model": "m", "max_tokens": 1, "messages": m, "service_tier": "auto"})),
+            ("top_n", json!({"model": "m", "max_tokens": 1, "messages": m, "top_n": 3})),
         ] {
             let e = openai(body.clone()).expect_err(&body.to_string());
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);

@@ -205,6 +205,7 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         Some(v) => return Err(ApiError::bad("model", format!("'model' must be a string, got {}", type_name(v)))),
     }
     let prompt = if chat { chat_prompt(&f)? } else { text_prompt(&f)? };
+    unsupported_fields(map, chat)?;
     let max_tokens = match (f.int("max_completion_tokens", 1, MAX_TOKENS_LIMIT as i64)?, f.int("max_tokens", 1, MAX_TOKENS_LIMIT as i64)?) {
         (Some(m), _) | (None, Some(m)) => m as usize,
         (None, None) => DEFAULT_MAX_TOKENS,
@@ -225,7 +226,6 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         Some(Value::Object(o)) => Fields(o).bool("include_usage").map_err(|_| ApiError::bad("stream_options", "'stream_options.include_usage' must be a boolean"))?.unwrap_or(false),
         Some(v) => return Err(ApiError::bad("stream_options", format!("'stream_options' must be an object, got {}", type_name(v)))),
     };
-    ignored_fields(&f)?;
     let tools = if chat { tools(&f)? } else { no_tools(&f)? };
     if !chat && f.bool("echo")? == Some(true) {
         return Err(ApiError::bad("echo", "'echo' is not supported"));
@@ -265,9 +265,11 @@ fn chat_prompt(f: &Fields) -> Result<Prompt, ApiError> {
             _ => return Err(ApiError::bad(&format!("messages[{i}].role"), "each message needs a 'role' string")),
         };
         tool_message(o, &role, i)?;
-        // As mlx_lm.server: the template sees a string; text parts are joined, no content is "".
+        // As mlx_lm.server: the template sees a string; text parts are joined. Only an assistant's
+        // turn may leave it out (a call without text), read as "".
         let content = match o.get("content") {
-            None | Some(Value::Null) => String::new(),
+            None | Some(Value::Null) if role == "assistant" => String::new(),
+            None | Some(Value::Null) => return Err(ApiError::bad(&format!("messages[{i}].content"), format!("a '{}' message needs 'content'", clip(&role)))),
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => text_parts(parts, i)?,
             Some(v) => {
@@ -478,64 +480,43 @@ pub fn clip(s: &str) -> String {
     }
 }
 
-/// OpenAI request fields this server accepts but does not use: checked for their type only, so
-/// that a malformed request is refused rather than silently half-read.
-const IGNORED_FIELDS: &[(&str, &[Kind])] = &[
-    ("user", &[Kind::String]),
-    ("metadata", &[Kind::Object]),
-    ("store", &[Kind::Bool]),
-    ("service_tier", &[Kind::String]),
-    ("modalities", &[Kind::Array]),
-    ("reasoning_effort", &[Kind::String]),
-    ("prediction", &[Kind::Object]),
-    ("audio", &[Kind::Object]),
-    ("web_search_options", &[Kind::Object]),
-    ("chat_template_kwargs", &[Kind::Object]),
-    ("suffix", &[Kind::String]),
-    ("best_of", &[Kind::Integer]),
+/// The fields this server implements, per endpoint; any other field is a 400 naming it (a field
+/// is never accepted and then ignored).
+const CHAT_FIELDS: &[&str] = &[
+    "model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "stream", "stream_options", "temperature", "top_p", "min_p",
+    "top_k", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "n", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls", "functions", "function_call",
 ];
+const COMPLETION_FIELDS: &[&str] = &[
+    "model", "prompt", "max_tokens", "logprobs", "stream", "stream_options", "temperature", "top_p", "min_p", "top_k", "logit_bias", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "seed", "stop", "n", "response_format", "echo", "tools", "tool_choice", "parallel_tool_calls", "functions",
+    "function_call",
+];
+/// Fields accepted only at the value that asks for nothing beyond what the server does.
+/// (As JSON text.)
+const DEFAULT_ONLY: &[(&str, &str)] = &[("store", "false"), ("best_of", "1")];
 
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    String,
-    Object,
-    Array,
-    Bool,
-    Integer,
-}
-
-impl Kind {
-    fn of(v: &Value) -> Option<Kind> {
-        match v {
-            Value::String(_) => Some(Kind::String),
-            Value::Object(_) => Some(Kind::Object),
-            Value::Array(_) => Some(Kind::Array),
-            Value::Bool(_) => Some(Kind::Bool),
-            Value::Number(n) if n.is_i64() || n.is_u64() => Some(Kind::Integer),
-            _ => None,
+/// Refuses every field of the body (null or not) that the server does not implement.
+fn unsupported_fields(map: &Map<String, Value>, chat: bool) -> Result<(), ApiError> {
+    let known = if chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    for (k, v) in map {
+        if known.contains(&k.as_str()) || v.is_null() {
+            continue;
         }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Kind::String => "a string",
-            Kind::Object => "an object",
-            Kind::Array => "an array",
-            Kind::Bool => "a boolean",
-            Kind::Integer => "an integer",
-        }
-    }
-}
-
-fn ignored_fields(f: &Fields) -> Result<(), ApiError> {
-    for (k, kinds) in IGNORED_FIELDS {
-        if let Some(v) = f.get(k) {
-            if !Kind::of(v).is_some_and(|kind| kinds.contains(&kind)) {
-                let want: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
-                return Err(ApiError::bad(k, format!("'{k}' must be {}, got {}", want.join(" or "), type_name(v))));
+        if let Some((_, want)) = DEFAULT_ONLY.iter().find(|(name, _)| name == k) {
+            if serde_json::from_str::<Value>(want).is_ok_and(|w| *v == w) {
+                continue;
             }
+            return Err(unsupported(k, &format!("'{k}' is only accepted as {want}: this server does not implement it")));
         }
+        return Err(unsupported(k, &format!("'{}' is not supported by this server", clip(k))));
     }
     Ok(())
+}
+
+/// A 400 for a request field the server does not implement.
+pub fn unsupported(param: &str, message: &str) -> ApiError {
+    ApiError { code: Some("unsupported_parameter"), ..ApiError::bad(&clip(param), message) }
 }
 
 fn text_prompt(f: &Fields) -> Result<Prompt, ApiError> {
@@ -635,7 +616,7 @@ mod tests {
     }
 
     #[test]
-    fn content_parts_are_joined_and_ignored_fields_typed() {
+    fn content_parts_are_joined_and_contentless_turns_refused() {
         let r = parse(br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}"#, true, "m").expect("valid");
         let Prompt::Chat(m) = r.prompt else { panic!("not chat") };
         assert_eq!(m, json!([{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}]));
@@ -644,13 +625,29 @@ mod tests {
             ("messages[0].content[1]", r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},"b"]}]}"#),
             ("messages[0].content[0].text", r#"{"messages":[{"role":"user","content":[{"type":"text","text":{"x":1}}]}]}"#),
             ("tools", r#"{"messages":[{"role":"user","content":"x"}],"tools":5}"#),
-            ("user", r#"{"messages":[{"role":"user","content":"x"}],"user":7}"#),
+            ("user", r#"{"messages":[{"role":"user","content":"x"}],"user":"u"}"#),
+            ("messages[0].content", r#"{"messages":[{"role":"user"}]}"#),
+            ("messages[1].content", r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":null}]}"#),
             ("response_format", r#"{"messages":[{"role":"user","content":"x"}],"response_format":"json"}"#),
         ] {
             assert_eq!(err(body, true).param.as_deref(), Some(param), "{body}");
         }
-        assert_eq!(err(r#"{"prompt":"x","best_of":1.5}"#, false).param.as_deref(), Some("best_of"));
-        assert!(parse(br#"{"prompt":"x","user":"u","tools":null,"suffix":"","best_of":1}"#, false, "m").is_ok());
+        assert_eq!(err(r#"{"prompt":"x","best_of":2}"#, false).param.as_deref(), Some("best_of"));
+        assert!(parse(br#"{"prompt":"x","user":null,"tools":null,"best_of":1,"store":false,"echo":false}"#, false, "m").is_ok());
+    }
+
+    /// Every field the server does not implement is a 400 that names it, on both endpoints.
+    #[test]
+    fn unimplemented_fields_are_refused_by_name() {
+        let chat = r#""messages":[{"role":"user","content":"x"}]"#;
+        for field in ["user", "metadata", "service_tier", "modalities", "reasoning_effort", "prediction", "audio", "web_search_options", "chat_template_kwargs", "suffix", "logprob", "store"] {
+            for (is_chat, base) in [(true, chat), (false, r#""prompt":"x""#)] {
+                let body = format!(r#"{{{base},"{field}":true}}"#);
+                let e = err(&body, is_chat);
+                assert_eq!((e.status, e.param.as_deref(), e.code), (StatusCode::BAD_REQUEST, Some(field), Some("unsupported_parameter")), "{body}");
+            }
+        }
+        assert_eq!(err(r#"{"prompt":"x","min_p":0.1,"tool_choice":"auto","top_logprobs":2}"#, false).param.as_deref(), Some("top_logprobs"));
     }
 
     #[test]

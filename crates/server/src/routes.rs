@@ -1,5 +1,6 @@
-//! The HTTP routes: OpenAI's chat and text completions (JSON or SSE), models, health and metrics, with API-key checks and JSON errors everywhere.
+//! The HTTP routes: OpenAI's chat and text completions (JSON or SSE), models, health and metrics, with API-key checks (in constant time) and JSON errors everywhere.
 use crate::api::{self, ApiError};
+use crate::health::{EngineHealth, Status};
 use crate::metrics::Metrics;
 use crate::tools::{Piece, ToolFormat, ToolStream};
 use crate::worker::{Event, Job, TokenLogprob};
@@ -22,6 +23,7 @@ use tokio::sync::mpsc;
 pub struct AppState {
     pub jobs: std::sync::mpsc::Sender<Job>,
     pub metrics: Arc<Metrics>,
+    pub health: Arc<EngineHealth>,
     pub options: Arc<ServeOptions>,
 }
 
@@ -49,7 +51,7 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
         });
         // Anthropic's clients send the key as `x-api-key`.
         let given = bearer.or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim));
-        if req.uri().path() != "/health" && given != Some(key.as_str()) {
+        if req.uri().path() != "/health" && !given.is_some_and(|g| same_key(g.as_bytes(), key.as_bytes())) {
             s.metrics.request("unauthorized", 401);
             return ApiError::new(StatusCode::UNAUTHORIZED, "a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')", "invalid_api_key").into_response();
         }
@@ -63,6 +65,16 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Whether `given` equals `key`, in a time that depends on the key's length alone (not on where
+/// the first difference is, nor on the given length).
+fn same_key(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != key.len());
+    for (i, &k) in key.iter().enumerate() {
+        diff |= k ^ given.get(i).copied().unwrap_or(!k);
+    }
+    std::hint::black_box(diff) == 0
+}
+
 async fn not_found(req: Request) -> Response {
     ApiError::new(StatusCode::NOT_FOUND, format!("no route {} {}", req.method(), api::clip(req.uri().path())), "not_found").into_response()
 }
@@ -71,8 +83,17 @@ async fn method_not_allowed(req: Request) -> Response {
     ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("{} is not allowed on {}", req.method(), api::clip(req.uri().path())), "method_not_allowed").into_response()
 }
 
-async fn health() -> Response {
-    json_response(StatusCode::OK, &json!({"status": "ok"}))
+/// 200 while the engine steps (or waits for work); 503 with the reason when its thread died or a
+/// step has run past `--step-timeout`.
+async fn health(State(s): State<AppState>) -> Response {
+    match s.health.status() {
+        Status::Ok { stepping, steps } => json_response(StatusCode::OK, &json!({"status": "ok", "engine": if stepping { "stepping" } else { "idle" }, "steps": steps})),
+        Status::Dead(reason) => json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "error", "reason": reason})),
+        Status::Stuck(for_) => {
+            let reason = format!("the engine has been in one step for {:.1} s (--step-timeout {} s)", for_.as_secs_f64(), s.health.deadline().as_secs());
+            json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"status": "error", "reason": reason}))
+        }
+    }
 }
 
 async fn models(State(s): State<AppState>) -> Response {
@@ -197,9 +218,38 @@ pub(crate) struct Started {
     pub tool_format: Option<ToolFormat>,
 }
 
+/// A job's events as its handler reads them: when the engine goes away before every choice
+/// finished (its thread died), one last `Error` says so, rather than a short answer that looks whole.
+pub(crate) struct Events {
+    rx: mpsc::Receiver<Event>,
+    /// Choices not finished yet.
+    open: usize,
+    failed: bool,
+}
+
+impl Events {
+    pub(crate) async fn recv(&mut self) -> Option<Event> {
+        match self.rx.recv().await {
+            Some(ev) => {
+                match &ev {
+                    Event::Finish { .. } => self.open = self.open.saturating_sub(1),
+                    Event::Error(_) => self.failed = true,
+                    _ => {}
+                }
+                Some(ev)
+            }
+            None if self.open > 0 && !self.failed => {
+                self.failed = true;
+                Some(Event::Error(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine stopped before the answer was complete", "engine_stopped")))
+            }
+            None => None,
+        }
+    }
+}
+
 /// Queues a checked request for the engine thread; returns once it has started (or failed), with
 /// the receiver of its events.
-pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenParams) -> Result<(Started, mpsc::UnboundedReceiver<Event>), ApiError> {
+pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenParams) -> Result<(Started, Events), ApiError> {
     if s.metrics.queued() >= s.options.max_queue as i64 {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -207,14 +257,15 @@ pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenPa
             "server_busy",
         ));
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::channel(crate::outbox::EVENT_QUEUE);
     s.metrics.queue(1, 0);
-    if s.jobs.send(Job { prompt, params, tx, arrived: Instant::now() }).is_err() {
+    let open = params.n;
+    if s.jobs.send(Job { prompt, params, tx, arrived: Instant::now(), timeout: s.options.request_timeout }).is_err() {
         s.metrics.queue(-1, 0);
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
     }
     match rx.recv().await {
-        Some(Event::Started { prompt_tokens, cached_tokens, reasoning, tool_format }) => Ok((Started { prompt_tokens, cached_tokens, reasoning, tool_format }, rx)),
+        Some(Event::Started { prompt_tokens, cached_tokens, reasoning, tool_format }) => Ok((Started { prompt_tokens, cached_tokens, reasoning, tool_format }, Events { rx, open, failed: false })),
         Some(Event::Error(e)) => Err(e),
         _ => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request", "engine_error")),
     }
@@ -238,7 +289,7 @@ async fn start(s: &AppState, body: Result<Bytes, BytesRejection>, chat: bool) ->
 }
 
 /// A non-streaming answer: all choices, then `usage`.
-async fn collect(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) -> Result<Response, ApiError> {
+async fn collect(meta: Meta, mut rx: Events, want_logprobs: bool) -> Result<Response, ApiError> {
     let mut texts = vec![String::new(); meta.n];
     let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); meta.n];
     let mut reasons = vec!["stop"; meta.n];
@@ -312,7 +363,7 @@ fn frame(v: &Value) -> Bytes {
 /// A streaming answer over server-sent events, as OpenAI's: chunks with `choices[].delta` (chat)
 /// or `choices[].text`, the usage chunk when asked for, then `data: [DONE]`. A client that goes
 /// away drops the event receiver, which cancels the job on the engine thread.
-fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) -> Response {
+fn sse(meta: Meta, mut rx: Events, want_logprobs: bool) -> Response {
     let (btx, brx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let mut started = vec![false; meta.n];
@@ -486,4 +537,20 @@ fn sse(meta: Meta, mut rx: mpsc::UnboundedReceiver<Event>, want_logprobs: bool) 
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_key;
+
+    #[test]
+    fn keys_match_only_exactly() {
+        let key = b"sk-secret-key";
+        assert!(same_key(key, key));
+        for given in [&b""[..], b"sk-secret-ke", b"sk-secret-key!", b"sk-secret-kez", b"Sk-secret-key", b"sk-secret-key\0"] {
+            assert!(!same_key(given, key), "{:?}", String::from_utf8_lossy(given));
+        }
+        assert!(!same_key(&[0xff; 13], &[0x00; 13]));
+        assert!(!same_key(&[0x00; 12], &[0x00; 13]), "a missing byte never passes for a zero byte");
+    }
 }

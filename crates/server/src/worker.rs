@@ -4,7 +4,16 @@
 //! batch has room and the KV budget allows, decodes one token for every running sequence, and
 //! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
 //! (a [`engine::cache::PagedPool`]) holds from earlier requests.
+//!
+//! Memory is bounded by what the batch really holds: the batch cache is padded (every row as long
+//! as the longest, plus the cache's growth step), so a job is admitted only while the padded batch
+//! it makes (rows times the longest reservation, prompt + max_tokens) fits the KV budget; one that
+//! can never fit, alone, is refused (`context_length_exceeded`), one that does not fit now waits.
+//! A job past its deadline (`--request-timeout`) ends with a 408; the engine reports every step to
+//! [`EngineHealth`] (for `/health`).
 use crate::api::{ApiError, GenParams, Prompt};
+use crate::health::{EngineHealth, Fault};
+use crate::outbox::Outbox;
 use crate::constrain::{compile, Constraints};
 use crate::tools::ToolFormat;
 use crate::metrics::Metrics;
@@ -17,10 +26,10 @@ use engine::LoadedModel;
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::mpsc::UnboundedSender;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::Sender;
 
 use crate::stop::StopBuffer;
 
@@ -28,9 +37,26 @@ use crate::stop::StopBuffer;
 pub struct Job {
     pub prompt: Prompt,
     pub params: GenParams,
-    pub tx: UnboundedSender<Event>,
+    /// Bounded ([`crate::outbox::EVENT_QUEUE`]); see [`Outbox`].
+    pub tx: Sender<Event>,
     pub arrived: Instant,
+    /// The job ends with a 408 this long after it arrived (`--request-timeout`).
+    pub timeout: Option<Duration>,
 }
+
+impl Job {
+    fn expired(&self, now: Instant) -> bool {
+        self.timeout.is_some_and(|t| now.duration_since(self.arrived) > t)
+    }
+
+    fn timeout_error(&self) -> ApiError {
+        let secs = self.timeout.map_or(0, |t| t.as_secs());
+        ApiError::new(axum::http::StatusCode::REQUEST_TIMEOUT, format!("the request took longer than the server's limit of {secs} s (--request-timeout)"), "request_timeout")
+    }
+}
+
+/// Columns a batch cache may hold past its longest row (it grows in steps of this many).
+const CACHE_STEP: usize = 256;
 
 /// One generated token's log-probability and the most likely alternatives, as text.
 #[derive(Clone, Debug)]
@@ -67,15 +93,18 @@ pub enum Event {
 /// used and dropped on that thread alone: see `mlx::Array`) and then serves jobs until every
 /// sender of its channel is dropped. Returns once the model is loaded and the engine is ready,
 /// or with the load's error. Once `stopping` is set, running jobs end at their next token (so
-/// that a shutdown never waits on a long stream).
+/// that a shutdown never waits on a long stream). A panic of the engine thread is reported to
+/// `health` (the thread ends; its jobs' channels close).
 pub fn spawn(
     load: Box<dyn FnOnce() -> anyhow::Result<LoadedModel> + Send>,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
+    health: Arc<EngineHealth>,
     stopping: Arc<AtomicBool>,
     options: BatchOptions,
     share: Option<Share>,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let fault = Fault::from_env()?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
     let thread = std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
         let loaded = match load() {
@@ -85,11 +114,19 @@ pub fn spawn(
                 return;
             }
         };
-        let mut worker = Worker::new(&loaded, &metrics, options, share);
+        let mut worker = Worker::new(&loaded, &metrics, &health, options, share, fault);
         let _ = ready_tx.send(Ok(()));
-        worker.run(&jobs, &stopping);
-        worker.calls.push(Call::Stop);
-        worker.send_calls();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&jobs, &stopping))) {
+            Ok(()) => {
+                worker.calls.push(Call::Stop);
+                worker.send_calls();
+            }
+            Err(panic) => {
+                let what = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                drop(worker);
+                health.died(format!("the engine thread panicked: {what}"));
+            }
+        }
     })?;
     match ready_rx.recv() {
         Ok(Ok(())) => Ok(thread),
@@ -104,9 +141,29 @@ pub fn spawn(
     }
 }
 
-/// A job's shared part: its channel and settings. The job ends when its last choice drops it.
+/// A job's shared part: its events' way out and settings. The job ends when its last choice and
+/// the worker's list of jobs with held events drop it.
 struct JobState {
+    params: GenParams,
+    outbox: Outbox,
+    arrived: Instant,
+    expires: Option<Instant>,
+    timeout: ApiError,
+}
+
+/// A queued job and, once computed, its checked prompt (kept while it waits for room).
+struct Queued {
     job: Job,
+    prepared: Option<Prepared>,
+}
+
+type Prepared = (Vec<u32>, Option<bool>, crate::structured::Plan);
+
+/// Sends `ev` to `job`'s handler; a job whose events are held joins `held` (flushed every step).
+fn deliver(held: &mut Vec<Rc<JobState>>, job: &Rc<JobState>, ev: Event) {
+    if job.outbox.send(ev) && !held.iter().any(|j| Rc::ptr_eq(j, job)) {
+        held.push(job.clone());
+    }
 }
 
 /// One choice of a job: one sequence of the batch.
@@ -125,6 +182,11 @@ struct Choice {
 struct Worker<'m> {
     loaded: &'m LoadedModel,
     metrics: &'m Metrics,
+    health: &'m EngineHealth,
+    fault: Option<Fault>,
+    steps: u64,
+    /// Jobs whose reader is behind: events held in their outbox.
+    held: Vec<Rc<JobState>>,
     options: BatchOptions,
     engine: BatchEngine<'m>,
     pool: Option<PagedPool>,
@@ -132,7 +194,6 @@ struct Worker<'m> {
     init_draws: usize,
     kv_bytes_per_token: usize,
     choices: HashMap<u64, Choice>,
-    reserved_tokens: usize,
     next_id: u64,
     unseeded: u64,
     /// With several ranks: the engine calls since the last step, for the other ranks to replay.
@@ -153,11 +214,15 @@ fn engine_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl<'m> Worker<'m> {
-    fn new(loaded: &'m LoadedModel, metrics: &'m Metrics, options: BatchOptions, share: Option<Share>) -> Worker<'m> {
+    fn new(loaded: &'m LoadedModel, metrics: &'m Metrics, health: &'m EngineHealth, options: BatchOptions, share: Option<Share>, fault: Option<Fault>) -> Worker<'m> {
         let pool = new_pool(loaded, &options);
         Worker {
             loaded,
             metrics,
+            health,
+            fault,
+            steps: 0,
+            held: Vec::new(),
             engine: new_engine(loaded, &options, pool.clone()),
             options,
             pool,
@@ -165,7 +230,6 @@ impl<'m> Worker<'m> {
             init_draws: init_random_draws(&loaded.path, &loaded.config).unwrap_or(0),
             kv_bytes_per_token: engine::batch::kv_bytes_per_token(loaded.model.as_ref()).unwrap_or(1),
             choices: HashMap::new(),
-            reserved_tokens: 0,
             next_id: 0,
             unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
             share,
@@ -222,17 +286,24 @@ impl<'m> Worker<'m> {
     }
 
     fn run(&mut self, jobs: &Receiver<Job>, stopping: &AtomicBool) {
-        let mut queue: VecDeque<Job> = VecDeque::new();
+        let mut queue: VecDeque<Queued> = VecDeque::new();
         loop {
             if self.choices.is_empty() && queue.is_empty() {
-                match jobs.recv() {
-                    Ok(job) => queue.push_back(job),
-                    Err(_) => return,
+                self.health.waiting();
+                // Held events of finished jobs go out as their readers catch up.
+                let next = if self.held.is_empty() { jobs.recv().map_err(|_| RecvTimeoutError::Disconnected) } else { jobs.recv_timeout(Duration::from_millis(5)) };
+                match next {
+                    Ok(job) => queue.push_back(Queued { job, prepared: None }),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.flush();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             loop {
                 match jobs.try_recv() {
-                    Ok(job) => queue.push_back(job),
+                    Ok(job) => queue.push_back(Queued { job, prepared: None }),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) if self.choices.is_empty() && queue.is_empty() => return,
                     Err(TryRecvError::Disconnected) => break,
@@ -246,11 +317,18 @@ impl<'m> Worker<'m> {
                     self.metrics.queue(-1, 0);
                 }
             }
+            self.expire(&mut queue);
             self.admit(&mut queue);
             self.drop_abandoned();
+            self.flush();
             self.publish();
             if self.engine.is_idle() {
                 continue;
+            }
+            self.health.step_begins();
+            self.steps += 1;
+            if let Some(f) = self.fault {
+                f.at(self.steps);
             }
             match self.engine_step() {
                 Ok(tokens) => {
@@ -262,70 +340,122 @@ impl<'m> Worker<'m> {
                     // Every running job fails; the engine starts over empty.
                     for id in self.choices.keys().copied().collect::<Vec<_>>() {
                         if let Some(c) = self.choices.get(&id) {
-                            let _ = c.job.job.tx.send(Event::Error(engine_error(&e)));
+                            deliver(&mut self.held, &c.job, Event::Error(engine_error(&e)));
                         }
                         self.end(id);
                     }
                     self.engine = new_engine(self.loaded, &self.options, self.pool.clone());
                 }
             }
+            self.flush();
             self.publish();
         }
     }
 
-    /// Moves queued jobs into the batch while it has room and their KV reservation fits.
-    fn admit(&mut self, queue: &mut VecDeque<Job>) {
-        while let Some(job) = queue.front() {
-            if job.tx.is_closed() {
+    /// Sends held events whose readers have room again.
+    fn flush(&mut self) {
+        self.held.retain(|j| j.outbox.flush());
+    }
+
+    /// Ends the jobs past their deadline, queued or running, with a 408.
+    fn expire(&mut self, queue: &mut VecDeque<Queued>) {
+        let now = Instant::now();
+        queue.retain(|q| {
+            if !q.job.expired(now) {
+                return true;
+            }
+            let _ = q.job.tx.try_send(Event::Error(q.job.timeout_error()));
+            self.metrics.queue(-1, 0);
+            false
+        });
+        let late: Vec<Rc<JobState>> = self.choices.values().filter(|c| c.index == 0 && c.job.expires.is_some_and(|t| now > t)).map(|c| c.job.clone()).collect();
+        for job in late {
+            self.fail(&job, job.timeout.clone());
+        }
+    }
+
+    /// Ends every choice of `job` with `error`.
+    fn fail(&mut self, job: &Rc<JobState>, error: ApiError) {
+        deliver(&mut self.held, job, Event::Error(error));
+        for id in self.choices.iter().filter(|(_, c)| Rc::ptr_eq(&c.job, job)).map(|(id, _)| *id).collect::<Vec<_>>() {
+            self.end(id);
+        }
+    }
+
+    /// KV positions the padded batch cache may hold with `rows` more rows of `len` positions each:
+    /// every row as long as the longest reservation, plus the cache's growth step.
+    fn padded_positions(&self, rows: usize, len: usize) -> usize {
+        let longest = self.choices.values().map(|c| c.reserved).chain([len]).max().unwrap_or(0);
+        (self.choices.len() + rows) * (longest + CACHE_STEP)
+    }
+
+    /// KV positions the budget holds.
+    fn budget_positions(&self) -> usize {
+        self.options.kv_budget_bytes / self.kv_bytes_per_token
+    }
+
+    /// Moves queued jobs into the batch while it has room and the padded batch fits the budget.
+    fn admit(&mut self, queue: &mut VecDeque<Queued>) {
+        while let Some(q) = queue.front() {
+            if q.job.tx.is_closed() {
                 queue.pop_front();
                 self.metrics.queue(-1, 0);
                 continue;
             }
-            let need = job.params.n;
-            if !self.choices.is_empty() && self.choices.len() + need > self.options.max_batch {
+            let need = q.job.params.n;
+            if need <= self.options.max_batch && self.choices.len() + need > self.options.max_batch {
                 return;
             }
-            let job = queue.pop_front().expect("front exists");
+            let mut q = queue.pop_front().expect("front exists");
             self.metrics.queue(-1, 0);
-            let (prompt, reasoning, plan) = match self.prepare(&job) {
-                Ok(x) => x,
+            if need > self.options.max_batch {
+                let e = ApiError::bad("n", format!("'n' is {need}, but the server decodes at most {} sequences at once (--max-batch-size)", self.options.max_batch));
+                let _ = q.job.tx.try_send(Event::Error(e));
+                continue;
+            }
+            let prepared = match q.prepared.take().map_or_else(|| self.prepare(&q.job), Ok) {
+                Ok(p) => p,
                 Err(e) => {
-                    let _ = job.tx.send(Event::Error(e));
+                    let _ = q.job.tx.try_send(Event::Error(e));
                     continue;
                 }
             };
-            let per_choice = prompt.len() + job.params.max_tokens;
-            let budget_tokens = self.options.kv_budget_bytes / self.kv_bytes_per_token;
-            if per_choice * need > budget_tokens {
+            let per_choice = prepared.0.len() + q.job.params.max_tokens;
+            let budget = self.budget_positions();
+            if need * (per_choice + CACHE_STEP) > budget {
                 let mut e = ApiError::bad(
                     "max_tokens",
                     format!(
-                        "the prompt ({} tokens) plus max_tokens ({}) for {need} choice(s) needs more KV cache than the server's budget ({budget_tokens} positions)",
-                        prompt.len(),
-                        job.params.max_tokens
+                        "the prompt ({} tokens) plus max_tokens ({}) for {need} choice(s) needs more KV cache than the server's budget ({budget} positions, --kv-budget-mb)",
+                        prepared.0.len(),
+                        q.job.params.max_tokens
                     ),
                 );
                 e.code = Some("context_length_exceeded");
-                let _ = job.tx.send(Event::Error(e));
+                let _ = q.job.tx.try_send(Event::Error(e));
                 continue;
             }
-            if !self.choices.is_empty() && self.reserved_tokens + per_choice * need > budget_tokens {
-                // Waits (first in line) until running sequences give their reservation back.
-                queue.push_front(job);
+            if self.padded_positions(need, per_choice) > budget {
+                // Waits (first in line) until running sequences give their room back.
+                q.prepared = Some(prepared);
+                queue.push_front(q);
                 self.metrics.queue(1, 0);
                 return;
             }
-            self.start(job, prompt, reasoning, plan, per_choice);
+            let (prompt, reasoning, plan) = prepared;
+            self.start(q.job, prompt, reasoning, plan, per_choice);
         }
     }
 
     /// Adds a checked job's choices to the batch and tells its handler it started.
     fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, plan: crate::structured::Plan, per_choice: usize) {
         let n = job.params.n;
-        let state = Rc::new(JobState { job });
+        let timeout = job.timeout_error();
+        let expires = job.timeout.map(|t| job.arrived + t);
+        let state = Rc::new(JobState { params: job.params, outbox: Outbox::new(job.tx), arrived: job.arrived, expires, timeout });
         let mut cached = 0;
         for index in 0..n {
-            let params = &state.job.params;
+            let params = &state.params;
             let (seed, as_generate) = match params.seed {
                 Some(seed) => (seed.wrapping_add(index as u64), true),
                 None => {
@@ -341,18 +471,11 @@ impl<'m> Worker<'m> {
             match added {
                 Ok(c) if index == 0 => cached = c,
                 Ok(_) => {}
-                Err(e) => {
-                    let _ = state.job.tx.send(Event::Error(invalid("messages", e)));
-                    for id in self.choices.iter().filter(|(_, c)| Rc::ptr_eq(&c.job, &state)).map(|(id, _)| *id).collect::<Vec<_>>() {
-                        self.end(id);
-                    }
-                    return;
-                }
+                Err(e) => return self.fail(&state, invalid("messages", e)),
             }
             if index == 0 {
-                let _ = state.job.tx.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning, tool_format: plan.tool_format });
+                deliver(&mut self.held, &state, Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached, reasoning, tool_format: plan.tool_format });
             }
-            self.reserved_tokens += per_choice;
             self.choices.insert(
                 self.next_id,
                 Choice {
@@ -423,7 +546,7 @@ impl<'m> Worker<'m> {
 
     /// Ends choices whose client went away (within one step).
     fn drop_abandoned(&mut self) {
-        let gone: Vec<u64> = self.choices.iter().filter(|(_, c)| c.job.job.tx.is_closed()).map(|(id, _)| *id).collect();
+        let gone: Vec<u64> = self.choices.iter().filter(|(_, c)| c.job.outbox.is_closed()).map(|(id, _)| *id).collect();
         for id in gone {
             self.end(id);
         }
@@ -433,8 +556,7 @@ impl<'m> Worker<'m> {
     fn end(&mut self, id: u64) {
         self.engine_finish(id);
         if let Some(c) = self.choices.remove(&id) {
-            self.reserved_tokens -= c.reserved;
-            if Rc::strong_count(&c.job) == 1 {
+            if !self.choices.values().any(|o| Rc::ptr_eq(&o.job, &c.job)) {
                 self.metrics.queue(0, -1);
             }
         }
@@ -446,7 +568,7 @@ impl<'m> Worker<'m> {
         if !c.first_token_seen {
             c.first_token_seen = true;
             if c.index == 0 {
-                self.metrics.ttft(now.duration_since(c.job.job.arrived).as_secs_f64());
+                self.metrics.ttft(now.duration_since(c.job.arrived).as_secs_f64());
             }
         }
         if self.loaded.is_eos(t.token) {
@@ -457,7 +579,7 @@ impl<'m> Worker<'m> {
         c.last_token = Some(now);
         c.tokens += 1;
         let mut logprobs = Vec::new();
-        if let (Some(k), Some(lp)) = (c.job.job.params.logprobs, t.logprobs.as_ref()) {
+        if let (Some(k), Some(lp)) = (c.job.params.logprobs, t.logprobs.as_ref()) {
             match token_logprobs(lp, t.token, k) {
                 Ok(lp) => {
                     let text = |id: u32| self.loaded.tokenizer.decode(&[id], false).unwrap_or_default();
@@ -465,22 +587,22 @@ impl<'m> Worker<'m> {
                     logprobs.push(TokenLogprob { token: text(lp.token), logprob: lp.logprob, top });
                 }
                 Err(e) => {
-                    let _ = c.job.job.tx.send(Event::Error(engine_error(e)));
-                    return self.end(t.id);
+                    let job = c.job.clone();
+                    return self.fail(&job, engine_error(e));
                 }
             }
         }
         c.detok.add_token(t.token);
         let (text, hit) = c.stop.push(&c.detok.last_segment());
         if !text.is_empty() || !logprobs.is_empty() {
-            let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs });
+            deliver(&mut self.held, &c.job, Event::Delta { index: c.index, text, logprobs });
         }
         if hit {
             let stop_sequence = c.stop.matched().map(str::to_owned);
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None, stop_sequence });
+            deliver(&mut self.held, &c.job, Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None, stop_sequence });
             return self.end(t.id);
         }
-        if c.tokens >= c.job.job.params.max_tokens {
+        if c.tokens >= c.job.params.max_tokens {
             self.finish(t.id, "length");
         }
     }
@@ -498,19 +620,20 @@ impl<'m> Worker<'m> {
                 text.push_str(&c.stop.flush());
             }
             if !text.is_empty() {
-                let _ = c.job.job.tx.send(Event::Delta { index: c.index, text, logprobs: Vec::new() });
+                deliver(&mut self.held, &c.job, Event::Delta { index: c.index, text, logprobs: Vec::new() });
             }
             let stop_sequence = c.stop.matched().map(str::to_owned);
-            let _ = c.job.job.tx.send(Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note, stop_sequence });
+            deliver(&mut self.held, &c.job, Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note, stop_sequence });
         }
         self.end(id);
     }
 
-    /// Updates the batch and KV gauges.
+    /// Updates the batch and KV gauges (the KV blocks: the padded batch's reservation).
     fn publish(&self) {
         let (running, prefilling) = self.engine.len();
-        let blocks: usize = self.choices.values().map(|c| c.reserved.div_ceil(BLOCK)).sum();
-        let cached = self.pool.as_ref().map_or(0, |p| p.usage().1);
+        let blocks = if self.choices.is_empty() { 0 } else { self.padded_positions(0, 0).div_ceil(BLOCK) };
+        // Not `usage()`, which counts the used blocks one by one.
+        let cached = self.pool.as_ref().map_or(0, PagedPool::cached_blocks);
         self.metrics.batch(running + prefilling, blocks, cached);
     }
 }

@@ -29,10 +29,17 @@ pub struct Args {
     /// Prompt tokens prefilled per step between decode steps of the running batch.
     #[arg(long, default_value_t = 512)]
     prefill_step_size: usize,
-    /// KV cache the running sequences may reserve, in MiB (each reserves prompt + max_tokens
-    /// positions; requests wait for room, and one that can never fit is refused).
+    /// KV cache the running batch may hold, in MiB: the padded batch, every sequence as long as
+    /// the longest one's prompt + max_tokens (requests wait for room; one that can never fit is
+    /// refused).
     #[arg(long, default_value_t = 8192)]
     kv_budget_mb: usize,
+    /// A request still running this many seconds after it arrived ends with a 408 error (0: no limit).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    request_timeout: u64,
+    /// An engine step that runs longer than this many seconds makes /health answer 503 (stuck).
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    step_timeout: u64,
     /// Memory for the prefix cache, in MiB: finished requests' keys and values, reused by later
     /// prompts that begin the same way (0 turns it off).
     #[arg(long, default_value_t = 1024)]
@@ -51,8 +58,8 @@ pub fn run(args: Args) -> Result<()> {
         Some(m) => m.to_string_lossy().into_owned(),
         None => dir.file_name().map_or_else(|| "default".to_owned(), |n| n.to_string_lossy().into_owned()),
     };
-    if args.max_batch_size == 0 || args.prefill_step_size == 0 || args.kv_budget_mb == 0 {
-        anyhow::bail!("--max-batch-size, --prefill-step-size and --kv-budget-mb must each be at least 1");
+    if args.max_batch_size == 0 || args.prefill_step_size == 0 || args.kv_budget_mb == 0 || args.step_timeout == 0 {
+        anyhow::bail!("--max-batch-size, --prefill-step-size, --kv-budget-mb and --step-timeout must each be at least 1");
     }
     if engine::nn::sdpa::composed_max() > 0 {
         // Prompts of every length meet the prefill: composed attention up to a chunk avoids a
@@ -85,6 +92,8 @@ pub fn run(args: Args) -> Result<()> {
             api_key: args.api_key,
             max_body_bytes: args.max_body_bytes,
             max_queue: args.max_queue,
+            request_timeout: (args.request_timeout > 0).then(|| std::time::Duration::from_secs(args.request_timeout)),
+            step_timeout: std::time::Duration::from_secs(args.step_timeout),
             batch,
             share,
         },

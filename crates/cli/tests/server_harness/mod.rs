@@ -41,9 +41,15 @@ impl Server {
     /// Starts `mlx-gen serve --model MODEL --port 0 EXTRA...` and reads the address it listens on
     /// from its stderr.
     pub fn start(model: &str, extra: &[&str]) -> Server {
+        Server::start_with_env(model, extra, &[])
+    }
+
+    /// [`Server::start`] with environment variables `env` set for the server (test hooks).
+    pub fn start_with_env(model: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
             .args(["serve", "--model", model, "--host", "127.0.0.1", "--port", "0"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

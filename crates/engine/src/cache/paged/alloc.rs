@@ -1,6 +1,11 @@
 //! Block accounting of the paged KV cache, without any arrays: a fixed number of blocks, block
-//! tables per sequence, reference counts, prefix sharing of full blocks by a chained hash of their
-//! tokens, copy-on-write, and least-recently-used eviction of cached blocks no sequence holds.
+//! tables per sequence, reference counts, prefix sharing of full blocks, copy-on-write, and
+//! least-recently-used eviction of cached blocks no sequence holds.
+//!
+//! A full block is found by a chained hash of its tokens but shared only after its own tokens and
+//! its parent (the block before it, in the generation it had when this one was registered) are
+//! checked equal: two different prompts never share keys and values, even when their hashes
+//! collide.
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
@@ -40,6 +45,12 @@ struct Block {
     hash: Option<u64>,
     /// LRU stamp while cached and unreferenced.
     stamp: Option<u64>,
+    /// While registered: the tokens of its positions.
+    tokens: Vec<u32>,
+    /// While registered: the block before it and that block's generation then (`None`: the first).
+    parent: Option<(BlockId, u64)>,
+    /// Changes whenever the block's contents stop being the ones registered (reused, rewritten).
+    generation: u64,
 }
 
 /// The allocator: blocks `0..capacity`, handed out lowest-fresh-first so storage can grow lazily.
@@ -55,6 +66,10 @@ pub struct BlockAllocator {
     seqs: HashMap<SeqId, Seq>,
     next_seq: SeqId,
     clock: u64,
+    /// The last generation handed out (see [`Block::generation`]).
+    generations: u64,
+    /// The prefix hash of a block's tokens after its parent's hash.
+    hash: fn(u64, &[u32]) -> u64,
 }
 
 /// A block that must be copied before writing (copy-on-write): copy `src` into `dst`.
@@ -80,7 +95,15 @@ impl BlockAllocator {
             seqs: HashMap::new(),
             next_seq: 0,
             clock: 0,
+            generations: 0,
+            hash: chain,
         }
+    }
+
+    /// An allocator whose prefix hash is `hash` (tests force collisions with it).
+    #[cfg(test)]
+    pub(crate) fn with_hash(block_size: usize, capacity: usize, hash: fn(u64, &[u32]) -> u64) -> Self {
+        BlockAllocator { hash, ..BlockAllocator::new(block_size, capacity) }
     }
 
     pub fn block_size(&self) -> usize {
@@ -131,15 +154,35 @@ impl BlockAllocator {
             self.blocks.len() - 1
         } else if let Some((&stamp, &id)) = self.lru.iter().next() {
             self.lru.remove(&stamp);
-            if let Some(h) = self.blocks[id].hash.take() {
-                self.by_hash.remove(&h);
-            }
+            self.unregister(id);
             id
         } else {
             return Err(AllocError::OutOfBlocks);
         };
-        self.blocks[id] = Block { refs: 1, hash: None, stamp: None };
+        self.generations += 1;
+        self.blocks[id] = Block { refs: 1, generation: self.generations, ..Block::default() };
         Ok(id)
+    }
+
+    /// Takes block `id` out of the prefix index; blocks registered after it stop matching.
+    fn unregister(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id];
+        if let Some(h) = b.hash.take() {
+            self.by_hash.remove(&h);
+        }
+        b.tokens.clear();
+        b.parent = None;
+        self.generations += 1;
+        b.generation = self.generations;
+    }
+
+    /// The registered block for the `i`-th full block `tokens` of a prompt whose blocks before it
+    /// are `before`: found by hash `h`, taken only if its tokens and parent are those.
+    fn matching(&self, h: u64, tokens: &[u32], before: Option<BlockId>) -> Option<BlockId> {
+        let &id = self.by_hash.get(&h)?;
+        let b = &self.blocks[id];
+        let parent = before.map(|p| (p, self.blocks[p].generation));
+        (b.tokens == tokens && b.parent == parent).then_some(id)
     }
 
     fn retain(&mut self, id: BlockId) {
@@ -170,7 +213,7 @@ impl BlockAllocator {
         tokens
             .chunks_exact(self.block_size)
             .map(|c| {
-                parent = chain(parent, c);
+                parent = (self.hash)(parent, c);
                 parent
             })
             .collect()
@@ -182,8 +225,8 @@ impl BlockAllocator {
     pub fn allocate(&mut self, tokens: &[u32]) -> (SeqId, usize) {
         let usable = tokens.len().saturating_sub(1) / self.block_size;
         let mut seq = Seq { tokens: tokens.to_vec(), ..Seq::default() };
-        for h in self.hashes(tokens).into_iter().take(usable) {
-            let Some(&id) = self.by_hash.get(&h) else { break };
+        for (h, chunk) in self.hashes(tokens).into_iter().zip(tokens.chunks_exact(self.block_size)).take(usable) {
+            let Some(id) = self.matching(h, chunk, seq.blocks.last().copied()) else { break };
             self.retain(id);
             seq.blocks.push(id);
         }
@@ -218,8 +261,8 @@ impl BlockAllocator {
                 self.release(id);
                 s.blocks[last] = new;
                 copies.push((id, new));
-            } else if let Some(h) = self.blocks[id].hash.take() {
-                self.by_hash.remove(&h);
+            } else if self.blocks[id].hash.is_some() {
+                self.unregister(id);
             }
         }
         let need = (s.len + n).div_ceil(bs);
@@ -244,7 +287,11 @@ impl BlockAllocator {
             for (i, &h) in hashes.iter().enumerate().skip(before) {
                 let id = s.blocks[i];
                 if self.blocks[id].hash.is_none() && !self.by_hash.contains_key(&h) {
-                    self.blocks[id].hash = Some(h);
+                    let parent = i.checked_sub(1).map(|p| (s.blocks[p], self.blocks[s.blocks[p]].generation));
+                    let b = &mut self.blocks[id];
+                    b.hash = Some(h);
+                    b.tokens = s.tokens[i * bs..(i + 1) * bs].to_vec();
+                    b.parent = parent;
                     self.by_hash.insert(h, id);
                 }
             }
@@ -298,9 +345,7 @@ impl BlockAllocator {
     /// Drops every cached unreferenced block.
     pub fn clear_cached(&mut self) {
         for (_, id) in std::mem::take(&mut self.lru) {
-            if let Some(h) = self.blocks[id].hash.take() {
-                self.by_hash.remove(&h);
-            }
+            self.unregister(id);
             self.blocks[id].stamp = None;
             self.free.push(id);
         }

@@ -45,6 +45,14 @@ impl PagedPool {
         PagedPool(Rc::new(Mutex::new(inner)))
     }
 
+    /// [`PagedPool::new`] with the allocator's prefix hash replaced (tests force collisions).
+    #[cfg(test)]
+    pub(crate) fn with_hash(num_layers: usize, block_size: usize, budget_bytes: usize, hash: fn(u64, &[u32]) -> u64) -> PagedPool {
+        let pool = PagedPool::new(num_layers, block_size, budget_bytes);
+        pool.lock().alloc = BlockAllocator::with_hash(block_size.max(1), usize::MAX, hash);
+        pool
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -82,6 +90,11 @@ impl PagedPool {
     pub fn usage(&self) -> (usize, usize, usize) {
         let inner = self.lock();
         (inner.alloc.used_blocks(), inner.alloc.cached_blocks(), inner.alloc.num_sequences())
+    }
+
+    /// Cached blocks no sequence holds (cheap: what a server's gauge reads every step).
+    pub fn cached_blocks(&self) -> usize {
+        self.lock().alloc.cached_blocks()
     }
 
     /// Drops the cached prefixes no sequence holds.

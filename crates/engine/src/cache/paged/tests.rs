@@ -1,5 +1,5 @@
-//! Block accounting tests of the paged cache: sharing, copy-on-write, eviction, and no leak after
-//! 10,000 random operations; and the rotating window as a ring of blocks: the same keys, values
+//! Block accounting tests of the paged cache: sharing, copy-on-write, eviction, no sharing between
+//! different prompts whose hashes collide, and no leak after 10,000 random operations; and the rotating window as a ring of blocks: the same keys, values
 //! and masks as the rotating cache, a fixed set of blocks once the window is full, none left after.
 use super::alloc::{AllocError, BlockAllocator};
 use super::PagedPool;
@@ -96,6 +96,57 @@ fn truncate_then_write_into_a_cached_block_unregisters_or_copies_it() {
     a.truncate(s1, 2).unwrap();
     assert!(a.extend(s1, 1).unwrap().is_empty());
     a.check().unwrap();
+}
+
+/// Every block hashes alike: a block is found by its hash but shared only when its tokens and the
+/// blocks before it are the prompt's own.
+#[test]
+fn colliding_hashes_never_share_different_tokens() {
+    let mut a = BlockAllocator::with_hash(4, 100, |_, _| 7);
+    let p = toks(9, 0);
+    let (s1, _) = a.allocate(&p);
+    a.extend(s1, 9).unwrap();
+    a.free(s1).unwrap();
+    let (s2, reused) = a.allocate(&toks(9, 1));
+    assert_eq!(reused, 0, "another prompt with the same hashes takes none of the cached blocks");
+    a.free(s2).unwrap();
+    let (s3, reused) = a.allocate(&p);
+    assert_eq!(reused, 4, "the prompt itself still finds its first block (the second collided and was never registered)");
+    a.free(s3).unwrap();
+    a.check().unwrap();
+}
+
+/// A hash blind to the blocks before (so only the parent check can tell): after a prompt's first
+/// block was evicted and reused for other tokens, its old second block no longer matches, though
+/// its own tokens and hash still do.
+#[test]
+fn a_block_whose_parent_was_reused_is_not_shared() {
+    let mut a = BlockAllocator::with_hash(2, 2, |_, t| t.iter().map(|&x| u64::from(x)).sum());
+    let (s1, _) = a.allocate(&[1, 2, 3, 4]);
+    a.extend(s1, 4).unwrap();
+    a.free(s1).unwrap();
+    // Evicts the oldest cached block ([1, 2]) and registers [7, 8] in it.
+    let (s2, _) = a.allocate(&[7, 8]);
+    a.extend(s2, 2).unwrap();
+    a.free(s2).unwrap();
+    let (s3, reused) = a.allocate(&[7, 8, 3, 4, 9]);
+    assert_eq!(reused, 2, "[3, 4] was computed after [1, 2], not after [7, 8]");
+    a.free(s3).unwrap();
+    a.check().unwrap();
+}
+
+/// Through the pool: keys and values stored for one prompt are never handed to another whose
+/// block hashes are forced equal.
+#[test]
+fn the_pool_keeps_colliding_prompts_apart() {
+    let pool = PagedPool::with_hash(1, 4, 1 << 20, |_, _| 0);
+    let (k, v) = kv_at(0, 9);
+    pool.store(&toks(9, 0), &[(k, v)]).unwrap();
+    let (n, kv) = pool.lookup(&toks(9, 5)).unwrap();
+    assert_eq!((n, kv.len()), (0, 0));
+    let (n, kv) = pool.lookup(&toks(9, 0)).unwrap();
+    assert_eq!(n, 4);
+    assert_eq!(kv[0].0.to_vec::<f32>().unwrap(), kv_at(0, 4).0.to_vec::<f32>().unwrap());
 }
 
 #[test]
