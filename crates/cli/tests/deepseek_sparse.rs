@@ -8,7 +8,9 @@
 //! mlx-lm's tokens and log-probabilities. V3.2's layer caches (latent KV + indexer keys, mlx-lm's
 //! `CacheList`) continue across prompt-cache files both ways, chat turns and speculative decoding;
 //! tensor and pipeline parallel on 2 ranks equal one process; `mlx-gen convert` equals
-//! `mlx_lm.convert`. V4.1's untrimmable layer caches refuse prompt files and speculation, as mlx-lm.
+//! `mlx_lm.convert`. V4.1's untrimmable layer caches refuse prompt files and speculation, as mlx-lm;
+//! its tensor and pipeline parallel equal one process. Both: chunked prefill as mlx-lm's, and
+//! `serve` answering concurrent requests as `generate`.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -302,5 +304,40 @@ fn serve_answers_concurrent_requests_as_generate() {
         });
         assert_eq!(answers, alone, "{v}: served answers differ from generate's");
         eprintln!("{v}: {} concurrent answers equal generate's", answers.len());
+    }
+}
+
+/// Chunked prefill (`--prefill-step-size` below the prompt length; `--max-kv-size`, which these
+/// models' own caches ignore, as mlx-lm's): the indexer over a partly filled cache, V4.1's window,
+/// open compressor groups and index keys carried across chunks, against mlx-lm's generate.
+#[test]
+fn chunked_prefill_matches_mlx_lm() {
+    let cases: &[(&str, &[(&str, i64)])] = &[
+        ("dsv32-f32", &[("prefill_step_size", 8)]),
+        ("dsv32-interleave-f32", &[("prefill_step_size", 5), ("max_kv_size", 20)]),
+        ("dsv41-f32", &[("prefill_step_size", 5)]),
+        ("dsv41-sigmoid-f32", &[("prefill_step_size", 7), ("max_kv_size", 16)]),
+        ("dsv41-q4g32", &[("prefill_step_size", 3)]),
+    ];
+    let ops: Vec<Value> = cases
+        .iter()
+        .map(|(v, flags)| {
+            let mut c = serde_json::json!({"op": "generate", "model": model(v), "prompt": CHAT_PROMPT, "max_tokens": MAX_TOKENS});
+            for (k, n) in *flags {
+                c[*k] = Value::from(*n);
+            }
+            c
+        })
+        .collect();
+    let refs = common::batched_reference("cache_reference.py", &ops);
+    for ((v, flags), r) in cases.iter().zip(&refs) {
+        let (dir, max) = (model(v), MAX_TOKENS.to_string());
+        let values: Vec<(String, String)> = flags.iter().map(|(k, n)| (format!("--{}", k.replace('_', "-")), n.to_string())).collect();
+        let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", &max, "--output", "json"];
+        args.extend(values.iter().flat_map(|(k, n)| [k.as_str(), n.as_str()]));
+        let o = generate_json(&args, v);
+        assert_eq!(o["tokens"], r["tokens"], "{v} {flags:?}: tokens differ from mlx-lm's");
+        assert!(r["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{v}: mlx-lm generated nothing");
+        eprintln!("{v} {flags:?}: {} tokens equal", r["tokens"].as_array().map_or(0, Vec::len));
     }
 }
