@@ -108,7 +108,8 @@ fn deepseek_v41() {
 }
 
 /// What mlx-lm cannot do with deepseek_v41's layer caches fails with one clear line: a prompt-cache
-/// file (mlx-lm cannot load a `LayerCache`) and speculative decoding (the cache cannot be trimmed).
+/// file (mlx-lm cannot load a `LayerCache`) and speculative decoding (the cache cannot be trimmed);
+/// so does a config without hyper-connection streams.
 #[test]
 fn deepseek_v41_refuses_what_its_cache_cannot_do() {
     let dir = model("dsv41-f32");
@@ -124,6 +125,17 @@ fn deepseek_v41_refuses_what_its_cache_cannot_do() {
         assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains(needle), "{args:?}: {stderr}");
     }
     assert!(!file.exists(), "no file is left behind");
+    // A config that cannot describe the model: one line, no panic.
+    let bad = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv41-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&bad);
+    common::copy_dir(&dir, &bad);
+    let mut cfg = config("dsv41-f32");
+    cfg["text_config"]["hc_mult"] = Value::from(0);
+    std::fs::write(bad.join("config.json"), cfg.to_string()).unwrap();
+    let o = common::mlx_gen(&["generate", "--model", bad.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"], None);
+    let _ = std::fs::remove_dir_all(&bad);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains("positive hc_mult"), "{stderr}");
 }
 
 fn config(v: &str) -> Value {
