@@ -30,6 +30,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/shim.cpp");
     println!("cargo:rerun-if-changed=shim/shim.h");
     println!("cargo:rerun-if-changed=shim/distributed.cpp");
+    println!("cargo:rerun-if-changed=shim/recurrent.cpp");
 
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
     let backend = env::var("MLX_GEN_BACKEND").unwrap_or_else(|_| if macos { "metal" } else { "cpu" }.into());
@@ -48,6 +49,7 @@ fn main() {
         .std("c++20")
         .file("shim/shim.cpp")
         .file("shim/distributed.cpp")
+        .file("shim/recurrent.cpp")
         .flag(format!("-isystem{}", include.display()))
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(true)

@@ -10,6 +10,9 @@
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh fidelity  greedy GPU tokens, fused and unfused, against mlx-lm's (issue 22)
+#   gpu_suite.sh round  speculative rounds on the shapes (issue 19): a Llama-3.2-3B drafting for itself (round cost,
+#                       every draft accepted, with MLX_GEN_TRACE's stage split), prompt lookup on the code-editing
+#                       prompt and on a random one (the fallback), each against plain decoding in the same bench run
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -99,6 +102,25 @@ check)
   [ -x ./batch_step_cost ] && ./batch_step_cost "$d" 1 8 32
   timeout 240 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8,32 --max-tokens 64
   ;;
+round)
+  python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
+  d3=$(shape_dir llama-3.2-3b); d06=$(shape_dir qwen3-0.6b)
+  b() { ./mlx-gen bench -n 3 "$@" 2>&1 | grep -E "^(Averages|Speculative|trace)"; }
+  echo "== llama-3.2-3b drafting for itself, K=4, every round speculative (-p 128 -g 256)"
+  b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  echo "== the same with MLX_GEN_TRACE=1 (a device sync after the draft: stage split)"
+  MLX_GEN_TRACE=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  for d in "$d06" "$d3"; do
+    for k in 4 8; do
+      echo "== $(basename "$d") prompt lookup 3, K=$k, code-editing prompt, with the fallback / every round"
+      b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k
+      b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k --always-speculate
+    done
+    echo "== $(basename "$d") prompt lookup 3, K=4, random prompt (little to look up): with the fallback / every round"
+    b --model "$d" -p 512 -g 256 --prompt-lookup 3 --num-draft-tokens 4
+    b --model "$d" -p 512 -g 256 --prompt-lookup 3 --num-draft-tokens 4 --always-speculate
+  done
+  ;;
 moe)
   # Issue 17's MoE shapes, both tools under the same MLX settings (MLX_MAX_OPS_PER_BUFFER=80 for both),
   # 3 alternating rounds; SHAPE=qwen3-30b-a3b (default) or mixtral-8x7b. KEEP=1 keeps the folder.
@@ -118,6 +140,6 @@ fidelity)
   dirs=(); for s in ${SHAPES:-qwen3-0.6b llama-3.2-3b}; do dirs+=("$(shape_dir "$s")"); done
   python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m ${TOKENS:-256} "${dirs[@]}" | tee "$out/fidelity.jsonl"
   ;;
-*) echo "unknown section $section (perf, more, spec, serve, big, check, moe, fidelity)"; exit 2 ;;
+*) echo "unknown section $section (perf, more, spec, round, serve, big, check, moe, fidelity)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

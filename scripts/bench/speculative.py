@@ -3,6 +3,7 @@
 
 Usage: speculative.py --mlx-gen PATH --model TARGET --draft DRAFT [--num-draft 2,3,4] [--prompt-lookup 3]
                       [-g 256] [--rounds 3] [--device gpu] [--prompt-file F] [--out results.json]
+       speculative.py --dump-prompt      (the code-editing prompt, e.g. for `mlx-gen bench --prompt-file`)
 TARGET and DRAFT share a vocabulary (e.g. Qwen2.5-Coder-0.5B-Instruct bf16 or 8-bit, and the same
 model at 4 bits). Every run is greedy (--temp 0) on a code-editing prompt (or --prompt-file), with
 the chat template; each configuration runs --rounds times (alternating mlx-gen and mlx-lm) after a
@@ -105,6 +106,9 @@ def main():
     ap.add_argument("--prompt-file")
     ap.add_argument("--out")
     ap.add_argument("--worker-k", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--dump-prompt", action="store_true", help="print the code-editing prompt and exit")
+    if "--dump-prompt" in sys.argv:
+        return print(PROMPT)
     args = ap.parse_args()
     args.prompt_text = open(args.prompt_file).read() if args.prompt_file else PROMPT
     if args.worker_k >= 0:

@@ -21,6 +21,26 @@ fn generate(model: &str, max_tokens: usize, flags: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON: {e}"))
 }
 
+/// [`generate`] with the verification pass padded to a multiple of `pad` positions (as on the GPU).
+fn generate_padded(model: &str, max_tokens: usize, flags: &[&str], pad: usize) -> Value {
+    generate_env(model, max_tokens, flags, &[("MLX_GEN_VERIFY_PAD", &pad.to_string())])
+}
+
+/// [`generate`] with environment variables set.
+fn generate_env(model: &str, max_tokens: usize, flags: &[&str], env: &[(&str, &str)]) -> Value {
+    let dir = common::model(model);
+    let max = max_tokens.to_string();
+    let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--prompt", PROMPT, "--max-tokens", &max, "--output", "json"];
+    args.extend_from_slice(flags);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
+        .args(&args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("spawn mlx-gen");
+    assert!(out.status.success(), "mlx-gen {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON: {e}"))
+}
+
 fn count(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}"))
 }
@@ -43,19 +63,50 @@ fn greedy_speculation_equals_plain_generation() {
     assert_eq!(count(&plain, "generation_tokens"), 128, "the plain run must not stop early: {plain}");
     assert!(plain.get("draft_tokens_proposed").is_none(), "no draft statistics without speculation");
     for (name, flags) in &cases {
+        // Every round speculative, then with the measured fallback to plain decoding (its first
+        // tokens are plain, the rest as the timing decides: the tokens must not depend on it).
+        let always = generate("llama3-f32", 128, &[&flags[..], &["--always-speculate"]].concat());
         let spec = generate("llama3-f32", 128, flags);
-        assert_eq!(spec["tokens"], plain["tokens"], "{name}: tokens differ from plain greedy generation");
-        assert_eq!(spec["text"], plain["text"], "{name}: text");
-        let (proposed, accepted) = (count(&spec, "draft_tokens_proposed"), count(&spec, "draft_tokens_accepted"));
+        for (mode, v) in [("every round speculative", &always), ("with the fallback", &spec)] {
+            assert_eq!(v["tokens"], plain["tokens"], "{name}, {mode}: tokens differ from plain greedy generation");
+            assert_eq!(v["text"], plain["text"], "{name}, {mode}: text");
+        }
+        let (proposed, accepted) = (count(&always, "draft_tokens_proposed"), count(&always, "draft_tokens_accepted"));
         assert!(accepted <= proposed, "{name}: {accepted} accepted of {proposed}");
         assert!(accepted > 0, "{name}: no draft token was accepted");
-        eprintln!("{name}: {accepted}/{proposed} accepted");
+        assert_eq!(count(&always, "plain_fallback_tokens"), 0, "{name}: --always-speculate decoded plainly");
+        let fallback = count(&spec, "plain_fallback_tokens");
+        assert!(fallback >= 16, "{name}: the fallback measures plain decoding first, {fallback} plain tokens");
+        eprintln!("{name}: {accepted}/{proposed} accepted; with the fallback {fallback} of 128 plain");
+    }
+    // Verification padded to 8 positions (the GPU's default), and to 5 (so that K=8's 9 become 10):
+    // the padding changes no token, and the cache is rewound past it.
+    for (name, flags) in cases.iter().filter(|(n, _)| n.contains("K=3") || n.contains("K=8") || n.contains("own draft")) {
+        for pad in [8, 5] {
+            let flags = [&flags[..], &["--always-speculate"]].concat();
+            let padded = generate_padded("llama3-f32", 128, &flags, pad);
+            assert_eq!(padded["tokens"], plain["tokens"], "{name}, verification padded to {pad}: tokens differ from plain");
+        }
+    }
+    // Pipelined prompt-lookup rounds (each queued before the one in flight is read), every round
+    // speculative and with the fallback, also with padded verification.
+    for (name, flags) in cases.iter().filter(|(n, _)| n.contains("lookup")) {
+        for extra in [&["--always-speculate"][..], &[]] {
+            let flags = [&flags[..], extra].concat();
+            for env in [&[("MLX_GEN_SPEC_PIPELINE", "1")][..], &[("MLX_GEN_SPEC_PIPELINE", "1"), ("MLX_GEN_VERIFY_PAD", "8")]] {
+                let v = generate_env("llama3-f32", 128, &flags, env);
+                assert_eq!(v["tokens"], plain["tokens"], "{name} {extra:?} {env:?}: tokens differ from plain");
+            }
+        }
     }
     // With penalties, prompt lookup keeps plain generation's whole token history.
     let pen = ["--repetition-penalty", "1.3", "--frequency-penalty", "0.2", "--frequency-context-size", "0"];
     let plain = generate("llama3-f32", 128, &pen);
     let spec = generate("llama3-f32", 128, &[&pen[..], &["--prompt-lookup", "2", "--num-draft-tokens", "4"]].concat());
     assert_eq!(spec["tokens"], plain["tokens"], "prompt lookup with penalties: tokens differ from plain generation");
+    let flags = [&pen[..], &["--prompt-lookup", "2", "--num-draft-tokens", "4"]].concat();
+    let padded = generate_padded("llama3-f32", 128, &flags, 8);
+    assert_eq!(padded["tokens"], plain["tokens"], "prompt lookup with penalties, padded verification: tokens differ");
 }
 
 #[test]
@@ -63,11 +114,21 @@ fn max_tokens_is_exact_with_speculation() {
     let q4 = common::model("llama3-q4g64");
     for max in [1, 2, 5, 7] {
         let plain = generate("qwen3-f32", max, &[]);
-        for flags in [vec!["--draft-model", q4.to_str().unwrap(), "--num-draft-tokens", "3"], vec!["--prompt-lookup", "2"]] {
+        let q4 = q4.to_str().unwrap();
+        for flags in [
+            vec!["--draft-model", q4, "--num-draft-tokens", "3"],
+            vec!["--draft-model", q4, "--num-draft-tokens", "3", "--always-speculate"],
+            vec!["--prompt-lookup", "2"],
+            vec!["--prompt-lookup", "2", "--always-speculate"],
+        ] {
             let spec = generate("qwen3-f32", max, &flags);
             assert_eq!(spec["tokens"], plain["tokens"], "max {max} {flags:?}");
             assert_eq!(count(&spec, "generation_tokens"), max as u64, "max {max} {flags:?}");
         }
+        let flags = ["--prompt-lookup", "1", "--always-speculate"];
+        let pipelined = generate_env("qwen3-f32", max, &flags, &[("MLX_GEN_SPEC_PIPELINE", "1")]);
+        assert_eq!(pipelined["tokens"], plain["tokens"], "max {max}, pipelined lookup");
+        assert_eq!(count(&pipelined, "generation_tokens"), max as u64, "max {max}, pipelined lookup");
     }
 }
 
@@ -171,8 +232,10 @@ fn prompt_lookup_proposes_the_latest_match() {
     use engine::speculative::prompt_lookup;
     let seq = [1, 2, 3, 9, 1, 2, 4, 5, 1, 2];
     assert_eq!(prompt_lookup(&seq, 2, 3), vec![4, 5, 1], "latest match of [1, 2]");
-    assert_eq!(prompt_lookup(&seq, 2, 10), vec![4, 5, 1, 2], "up to the end");
+    assert_eq!(prompt_lookup(&seq, 2, 10), vec![4, 5, 1, 2, 4, 5, 1, 2, 4, 5], "to the end, then the pattern again");
     assert_eq!(prompt_lookup(&[7, 8, 5, 6, 8], 3, 2), vec![5, 6], "falls back to a 1-gram");
+    assert_eq!(prompt_lookup(&[3, 9, 9, 9], 3, 4), vec![9, 9, 9, 9], "a run of one token");
+    assert_eq!(prompt_lookup(&[1, 2, 1, 2], 2, 5), vec![1, 2, 1, 2, 1], "a two-token cycle");
     assert!(prompt_lookup(&[1, 2, 3], 2, 3).is_empty(), "no match");
     assert!(prompt_lookup(&seq, 2, 0).is_empty());
     assert!(prompt_lookup(&[5], 3, 3).is_empty());

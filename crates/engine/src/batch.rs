@@ -12,7 +12,7 @@
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
 //! the CPU while the device runs it (one host sync per step, as without constraints).
-use crate::cache::{BatchCache, GrowingCache, KvCache, PagedPool, StateNode};
+use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
@@ -75,6 +75,9 @@ pub struct BatchEngine<'m> {
     batchable: bool,
     prefill_step_size: usize,
     prefix: Option<PagedPool>,
+    /// For models with recurrent layers, the prefix cache instead of `prefix`: snapshots of whole
+    /// sequences at block boundaries of their prompts.
+    states: Option<StatePrefixCache>,
     waiting: VecDeque<Prefill>,
     rows: Vec<Row>,
     caches: Vec<Box<dyn KvCache>>,
@@ -87,12 +90,15 @@ impl<'m> BatchEngine<'m> {
     /// `prefix`: a pool of blocks where finished sequences leave their keys and values for later
     /// prompts with the same beginning.
     pub fn new(model: &'m dyn Model, prefill_step_size: usize, prefix: Option<PagedPool>) -> BatchEngine<'m> {
+        let recurrent = has_recurrent_layers(model);
+        let states = prefix.as_ref().filter(|_| recurrent).map(|p| StatePrefixCache::new(p.block_size(), p.budget_bytes()));
         BatchEngine {
             model,
             layers: model.make_cache().len(),
             batchable: is_batchable(model),
             prefill_step_size: prefill_step_size.max(1),
-            prefix,
+            prefix: prefix.filter(|_| !recurrent),
+            states,
             waiting: VecDeque::new(),
             rows: Vec::new(),
             caches: Vec::new(),
@@ -130,6 +136,11 @@ impl<'m> BatchEngine<'m> {
             self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache, constraint });
             return Ok(0);
         }
+        if let Some(states) = self.states.as_mut() {
+            let (done, cache) = states.lookup(&prompt)?.unwrap_or_else(|| (0, self.model.make_cache()));
+            self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
+            return Ok(done);
+        }
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
             Some((n, kv)) if n > 0 && kv.len() == n_layers => {
                 let cache = kv
@@ -138,7 +149,7 @@ impl<'m> BatchEngine<'m> {
                     .collect::<Result<_>>()?;
                 (n, cache)
             }
-            _ => (0, (0..n_layers).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect()),
+            _ => (0, self.model.make_cache()),
         };
         self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
         Ok(done)
@@ -246,7 +257,10 @@ impl<'m> BatchEngine<'m> {
             }
         }
         for c in &mut self.caches {
-            batch_cache_mut(c)?.filter(&keep)?;
+            match c.as_arrays_mut() {
+                Some(a) => a.filter(&keep)?,
+                None => batch_cache_mut(c)?.filter(&keep)?,
+            }
         }
         if let Some(p) = self.pending.take() {
             if !keep.is_empty() {
@@ -280,11 +294,18 @@ impl<'m> BatchEngine<'m> {
             let Some(p) = self.waiting.front_mut() else { break };
             let left = p.prompt.len() - p.done;
             if left > 1 {
-                let n = budget.min(left - 1);
+                let mut n = budget.min(left - 1);
+                // With snapshots, each chunk ends at the next block boundary at the latest.
+                if let Some(bs) = self.states.as_ref().map(StatePrefixCache::block_size) {
+                    n = n.min(bs - p.done % bs);
+                }
                 let ids: Vec<i32> = p.prompt[p.done..p.done + n].iter().map(|&t| t as i32).collect();
                 prefill_chunk(self.model, &mut p.cache, &Array::from_slice(&ids, &[1, n as i32])?, None)?;
                 p.done += n;
                 budget -= n;
+                if let Some(states) = self.states.as_mut().filter(|s| p.done % s.block_size() == 0) {
+                    states.store(&p.prompt[..p.done], &p.cache)?;
+                }
                 continue;
             }
             let mut p = self.waiting.pop_front().expect("front exists");
@@ -322,7 +343,15 @@ impl<'m> BatchEngine<'m> {
             return Ok(());
         }
         if self.caches.is_empty() {
-            self.caches = (0..self.layers).map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
+            self.caches = self
+                .model
+                .make_cache()
+                .iter()
+                .map(|c| match c.as_arrays() {
+                    Some(_) => Box::new(ArraysCache::batch(2)) as Box<dyn KvCache>,
+                    None => Box::new(BatchCache::new()) as Box<dyn KvCache>,
+                })
+                .collect();
         }
         let (mut tokens, mut logprobs) = match self.pending.take() {
             Some(p) => (vec![p.tokens], p.logprobs),
@@ -330,8 +359,13 @@ impl<'m> BatchEngine<'m> {
         };
         for (p, first, history) in joined {
             for (bc, c) in self.caches.iter_mut().zip(&p.cache) {
-                let (k, v) = filled(c.as_ref())?;
-                batch_cache_mut(bc)?.extend(&k, &v)?;
+                match (bc.as_arrays_mut(), c.as_arrays()) {
+                    (Some(batch), Some(one)) => batch.extend(one)?,
+                    _ => {
+                        let (k, v) = filled(c.as_ref())?;
+                        batch_cache_mut(bc)?.extend(&k, &v)?;
+                    }
+                }
             }
             tokens.push(first.tokens);
             logprobs.extend(first.logprobs);
@@ -382,25 +416,37 @@ impl<'m> BatchEngine<'m> {
 }
 
 /// Whether every cache the model makes is a plain KV cache (mlx-lm's `KVCache`, which `merge`s
-/// into a `BatchKVCache`); rotating (sliding-window layers) and chunked (Llama 4) ones are not
-/// batched here (mlx-lm's server cannot batch a `ChunkedKVCache` either).
+/// into a `BatchKVCache`) or a recurrent state (`ArraysCache`, whose rows are concatenated);
+/// rotating (sliding-window layers) and chunked (Llama 4) ones are not batched here (mlx-lm's
+/// server cannot batch a `ChunkedKVCache` either).
 pub fn is_batchable(model: &dyn Model) -> bool {
-    model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache"))
+    model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache" || class == "ArraysCache"))
 }
 
-/// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass.
+/// Whether the model has layers whose cache is a recurrent state (mlx-lm's `ArraysCache`), whose
+/// rows a batch concatenates and filters as mlx-lm's `extend` / `filter`.
+fn has_recurrent_layers(model: &dyn Model) -> bool {
+    model.make_cache().iter().any(|c| c.as_arrays().is_some())
+}
+
+/// Bytes one position of one sequence takes in `model`'s KV caches, from a one-token forward pass
+/// (a recurrent layer's state, the same size at every length, is not counted).
 pub fn kv_bytes_per_token(model: &dyn Model) -> Result<usize> {
-    // A model whose layers keep more than keys and values (cache lists) runs in its own caches.
+    // A model whose layers keep more than keys and values (cache lists) runs in its own caches;
+    // recurrent layers keep their own states.
     let own = model.make_cache();
     let mut cache: Vec<Box<dyn KvCache>> = match own.iter().any(|c| c.saved_state().is_ok_and(|(class, _)| class == "CacheList")) {
         true => own,
-        false => (0..own.len()).map(|_| Box::new(GrowingCache::new()) as Box<dyn KvCache>).collect(),
+        false => own
+            .into_iter()
+            .map(|c| if c.as_arrays().is_some() { c } else { Box::new(GrowingCache::new()) as Box<dyn KvCache> })
+            .collect(),
     };
     model.forward(&Array::from_slice(&[0i32], &[1, 1])?, &mut cache)?;
     let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
     mlx::eval(&state.iter().collect::<Vec<_>>())?;
     // A growing cache holds whole steps of 256 positions.
-    Ok((cache.iter().map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
+    Ok((cache.iter().filter(|c| c.as_arrays().is_none()).map(|c| c.nbytes()).sum::<usize>() / 256).max(1))
 }
 
 /// The token history the logits processors start from: the prompt (its last `history_needed`).

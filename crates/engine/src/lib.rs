@@ -15,6 +15,7 @@ pub mod models;
 pub mod pipeline;
 pub mod prefill;
 pub mod nn;
+pub mod pace;
 pub mod sample;
 pub mod shard;
 pub mod speculative;

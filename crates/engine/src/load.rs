@@ -85,7 +85,7 @@ impl LoadedModel {
         // A pipeline stage takes only its layers' tensors: the others are never read.
         let stage = match group {
             Some((g, Parallel::Pipeline)) => {
-                // At the top, or in the `text_config` a wrapper's text model reads.
+                // The text model's, where a wrapper's config.json has a `text_config` (qwen3_5).
                 let layers = config.get("num_hidden_layers").or_else(|| config.get("text_config").and_then(|t| t.get("num_hidden_layers")));
                 let total = layers.and_then(|n| n.as_i64()).and_then(|n| i32::try_from(n).ok());
                 let total = total.ok_or_else(|| EngineError::Config("pipeline parallel needs num_hidden_layers".into()))?;

@@ -10,13 +10,28 @@
 //! logits processors are on), and the processors' history starts at the last prompt token, as
 //! mlx-lm's `prev_tokens` does. Prompt lookup (not in mlx-lm) keeps the whole history instead, so
 //! at temperature 0 it gives exactly the tokens of plain generation, penalties included.
-use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
+//!
+//! Greedy runs without logits processors fall back to plain decoding while speculation is measured
+//! to be slower (see [`crate::pace`]; `SpeculativeConfig::fallback`): their tokens are plain
+//! decoding's either way. Sampled runs keep mlx-lm's schedule, so a seed gives mlx-lm's tokens.
+//! With `MLX_GEN_TRACE` set, each round is timed stage by stage (draft, verification, host work;
+//! with a device sync after the draft) and the totals are printed when the generator is dropped.
+//!
+//! A recurrent layer's state (qwen3_next, qwen3_5) cannot be trimmed, so mlx-lm refuses such
+//! models; here the states are kept before each forward pass that may be rejected in part, and a
+//! rejection puts them back and runs the accepted tokens through the model again (their logits
+//! unused), which leaves every cache as plain decoding of the same tokens would.
+use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, Caches, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
+use crate::pace::{Pace, Phase};
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
+use std::time::Instant;
+
+mod pipelined;
 
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {
@@ -35,11 +50,21 @@ pub struct SpeculativeConfig {
     /// Grow the draft length by 2 after a fully accepted round and shrink it by 1 after a rejection,
     /// within 1..=4K. Off by default (mlx-lm's draft length is fixed).
     pub adaptive: bool,
+    /// Greedy decoding without logits processors goes plain while speculation is measured to be
+    /// slower ([`crate::pace`]); ignored otherwise (sampled runs keep mlx-lm's schedule). On by default.
+    pub fallback: bool,
+    /// The verification forward pass is padded to a multiple of this many positions (1: none). On
+    /// MLX's CUDA backend a quantized matrix product of 2-7 rows costs several times one of 8
+    /// (BENCHMARKS.md), so the GPU pads to 8; padding changes no token (causal attention).
+    pub pad_verify: usize,
+    /// Greedy prompt lookup without logits processors queues each round before reading the one
+    /// in flight ([`pipelined`]). Off by default.
+    pub pipeline: bool,
 }
 
 impl Default for SpeculativeConfig {
     fn default() -> Self {
-        SpeculativeConfig { num_draft_tokens: 3, adaptive: false }
+        SpeculativeConfig { num_draft_tokens: 3, adaptive: false, fallback: true, pad_verify: 1, pipeline: false }
     }
 }
 
@@ -52,7 +77,7 @@ pub struct SpecToken {
 }
 
 /// Draft statistics so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct SpecStats {
     /// Draft tokens proposed to the target.
     pub proposed: usize,
@@ -60,6 +85,15 @@ pub struct SpecStats {
     pub accepted: usize,
     /// Target forward passes after the prompt (rounds).
     pub rounds: usize,
+    /// Tokens the rounds handed out (accepted drafts and the target's own).
+    pub round_tokens: usize,
+    /// Seconds spent in rounds (building, running and reading them).
+    pub round_s: f64,
+    /// Tokens from plain decoding while speculation did not pay, and the number of such stretches.
+    pub plain_tokens: usize,
+    pub fallbacks: usize,
+    /// Pipelined rounds queued and then given up (the round before them rejected a draft).
+    pub discarded: usize,
 }
 
 impl SpecStats {
@@ -71,6 +105,33 @@ impl SpecStats {
             self.accepted as f64 / self.proposed as f64
         }
     }
+
+    /// Tokens handed out per round (0 without rounds).
+    pub fn tokens_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.round_tokens as f64 / self.rounds as f64
+        }
+    }
+
+    /// Milliseconds per round (0 without rounds).
+    pub fn ms_per_round(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            1e3 * self.round_s / self.rounds as f64
+        }
+    }
+}
+
+/// `MLX_GEN_TRACE`: seconds per stage of the rounds so far (drafting, verification up to its
+/// tokens on the host, acceptance and rewinding).
+#[derive(Default)]
+struct Trace {
+    draft_s: f64,
+    verify_s: f64,
+    host_s: f64,
 }
 
 /// The logits processors' token history, mlx-lm's `prev_tokens`: a lazy int32 array, kept only
@@ -117,7 +178,9 @@ impl History {
 }
 
 /// mlx-lm's `_step`: one forward pass over `input` (L,), then the last `n_predict` positions are
-/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab).
+/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab). With
+/// `padded`, the input's first `len - padded` positions are its own and the rest padding (causal
+/// attention keeps them out of the real positions; the caller trims them from the cache).
 fn step(
     model: &dyn Model,
     cache: &mut [Box<dyn KvCache>],
@@ -126,9 +189,22 @@ fn step(
     config: &GenerateConfig,
     history: &mut History,
 ) -> Result<(Array, Array)> {
-    let len = input.dim(0);
-    let logits = model.forward(&input.reshape(&[1, len])?, cache)?; // (1, L, vocab)
-    let logits = logits.slice_axis(1, -n_predict, i32::MAX)?;
+    step_padded(model, cache, input, 0, n_predict, config, history)
+}
+
+fn step_padded(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    input: &Array,
+    padded: i32,
+    n_predict: i32,
+    config: &GenerateConfig,
+    history: &mut History,
+) -> Result<(Array, Array)> {
+    let full = input.dim(0);
+    let logits = model.forward(&input.reshape(&[1, full])?, cache)?; // (1, L, vocab)
+    let (len, input) = (full - padded, &input.slice_axis(0, 0, full - padded)?);
+    let logits = logits.slice_axis(1, len - n_predict, len)?; // (1, n_predict, vocab)
     maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
     let sampler = &config.sampler;
     if sampler.processors.is_empty() {
@@ -150,8 +226,45 @@ fn step(
     Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
 }
 
-/// The continuation (at most `max` tokens) of the latest earlier occurrence of the last n-gram of
-/// `seq`, for n from `ngram` down to 1; empty when there is none.
+/// Whether speculation can rewind `cache`: every layer trims, or keeps a recurrent state.
+fn rewindable(cache: &[Box<dyn KvCache>]) -> bool {
+    cache.iter().all(|c| c.is_trimmable() || c.as_arrays().is_some())
+}
+
+/// Leaves `cache`, which was just fed `fed`, holding only the first `kept` of them: a trim of the
+/// rest, or, with recurrent layers, their states from `before` (taken before `fed`), the other
+/// layers trimmed back as far, and the kept tokens run through `model` again.
+fn rewind(
+    model: &dyn Model,
+    cache: &mut [Box<dyn KvCache>],
+    before: Option<Vec<Option<ArraysCache>>>,
+    fed: &[u32],
+    kept: usize,
+    config: &GenerateConfig,
+) -> Result<()> {
+    if kept >= fed.len() {
+        return Ok(());
+    }
+    let Some(states) = before else {
+        trim_prompt_cache(cache, (fed.len() - kept) as i32)?;
+        return Ok(());
+    };
+    ArraysCache::restore(cache, &states);
+    for c in cache.iter_mut().filter(|c| c.as_arrays().is_none()) {
+        c.trim(fed.len() as i32)?;
+    }
+    if kept > 0 {
+        let ids: Vec<i32> = fed[..kept].iter().map(|&t| t as i32).collect();
+        model.forward(&Array::from_slice(&ids, &[1, kept as i32])?, cache)?;
+        maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
+    }
+    Ok(())
+}
+
+/// The continuation (`max` tokens) of the latest earlier occurrence of the last n-gram of `seq`,
+/// for n from `ngram` down to 1; empty when there is none. A continuation that reaches the end of
+/// `seq` goes on with itself (the pattern from the match to the end repeats: a run of one token
+/// proposes that token `max` times rather than once).
 pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
     let len = seq.len();
     if max == 0 || len < 2 {
@@ -161,7 +274,12 @@ pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
         let tail = &seq[len - n..];
         if let Some(i) = (0..len - n).rev().find(|&i| &seq[i..i + n] == tail) {
             let start = i + n;
-            return seq[start..(start + max).min(len)].to_vec();
+            let mut out: Vec<u32> = Vec::with_capacity(max);
+            for p in start..start + max {
+                // p - len < out.len(), as start < len.
+                out.push(if p < len { seq[p] } else { out[p - len] });
+            }
+            return out;
         }
     }
     Vec::new()
@@ -177,6 +295,7 @@ pub struct SpeculativeGenerator<'m> {
     k: usize,
     k_max: usize,
     adaptive: bool,
+    pad_verify: usize,
     /// The target's next input (its last token, not yet in its cache) and the draft model's.
     y: Vec<u32>,
     draft_y: Vec<u32>,
@@ -187,6 +306,36 @@ pub struct SpeculativeGenerator<'m> {
     ntoks: usize,
     stats: SpecStats,
     done: bool,
+    /// The plain-decoding fallback's schedule (greedy runs without processors), and its queued
+    /// next token with its log-probabilities (1,), (1, vocab).
+    pace: Option<Pace>,
+    plain_pending: Option<(Array, Array)>,
+    trace: Option<Trace>,
+    /// Prompt-lookup rounds are pipelined (see [`pipelined`]), and the round in flight.
+    pipelined: bool,
+    inflight: Option<pipelined::Inflight>,
+    /// Whether the last pipelined round accepted all its drafts (then the next is queued early).
+    all_accepted: bool,
+}
+
+impl Drop for SpeculativeGenerator<'_> {
+    fn drop(&mut self) {
+        let (Some(t), s) = (&self.trace, &self.stats) else { return };
+        if s.rounds > 0 {
+            let per = |x: f64| 1e3 * x / s.rounds as f64;
+            eprintln!(
+                "trace: {} rounds, {:.2} tokens/round, acceptance {:.1}%, draft {:.3} ms/round, verify {:.3} ms/round, host {:.3} ms/round; {} plain tokens in {} stretches",
+                s.rounds,
+                s.tokens_per_round(),
+                100.0 * s.acceptance_rate(),
+                per(t.draft_s),
+                per(t.verify_s),
+                per(t.host_s),
+                s.plain_tokens,
+                s.fallbacks
+            );
+        }
+    }
 }
 
 impl<'m> SpeculativeGenerator<'m> {
@@ -204,7 +353,7 @@ impl<'m> SpeculativeGenerator<'m> {
         if spec.num_draft_tokens == 0 {
             return invalid("the number of draft tokens must be at least 1");
         }
-        if !can_trim_prompt_cache(&cache) {
+        if !rewindable(&cache) {
             return invalid("speculative decoding needs a trimmable KV cache (not a rotating one)");
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
@@ -216,7 +365,7 @@ impl<'m> SpeculativeGenerator<'m> {
         match &mut draft {
             Draft::Model { model: d, cache: dc } => {
                 config.sampler.validate_vocab(d.vocab_size())?;
-                if !can_trim_prompt_cache(dc) {
+                if !rewindable(dc) {
                     return invalid("speculative decoding needs a trimmable draft KV cache (not a rotating one)");
                 }
                 prefill(*d, dc, &all, step, kv_quant, |_| Ok(()))?;
@@ -238,6 +387,12 @@ impl<'m> SpeculativeGenerator<'m> {
         let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
         let k = spec.num_draft_tokens;
         let config_max = config.max_tokens;
+        let exact_anyway = config.sampler.is_greedy() && processors.is_empty();
+        let pace = (spec.fallback && exact_anyway).then(Pace::new);
+        // Padding and pipelining rewind by trimming: not over recurrent states.
+        let trimmable = can_trim_prompt_cache(&cache);
+        let pipelined = exact_anyway && spec.pipeline && trimmable && matches!(draft, Draft::PromptLookup { .. });
+        let trace = std::env::var_os("MLX_GEN_TRACE").map(|_| Trace::default());
         Ok(SpeculativeGenerator {
             model,
             cache,
@@ -246,6 +401,7 @@ impl<'m> SpeculativeGenerator<'m> {
             k,
             k_max: 4 * k,
             adaptive: spec.adaptive,
+            pad_verify: if trimmable { spec.pad_verify.max(1) } else { 1 },
             y: vec![last],
             draft_y: vec![last],
             history,
@@ -254,11 +410,34 @@ impl<'m> SpeculativeGenerator<'m> {
             ntoks: 0,
             stats: SpecStats::default(),
             done: config_max == Some(0),
+            pace,
+            plain_pending: None,
+            trace,
+            pipelined,
+            inflight: None,
+            all_accepted: true,
         })
     }
 
     pub fn stats(&self) -> SpecStats {
-        self.stats
+        SpecStats { fallbacks: self.pace.as_ref().map_or(0, |p| p.fallbacks), ..self.stats }
+    }
+
+    /// The target's caches and the draft model's (if any), as the tokens handed out so far left them:
+    /// the target holds the prompt and every handed-out token but the last (a pipelined round in
+    /// flight is rewound; a queued plain step too, where the cache trims), the draft model what
+    /// it was fed.
+    pub fn into_caches(mut self) -> Result<(Caches, Option<Caches>)> {
+        let mut queued = self.inflight.take().map_or(0, |r| r.positions());
+        if self.plain_pending.take().is_some() && can_trim_prompt_cache(&self.cache) {
+            queued += 1;
+        }
+        trim_prompt_cache(&mut self.cache, queued as i32)?;
+        let draft = match std::mem::replace(&mut self.draft, Draft::PromptLookup { ngram: 1 }) {
+            Draft::Model { cache, .. } => Some(cache),
+            Draft::PromptLookup { .. } => None,
+        };
+        Ok((std::mem::take(&mut self.cache), draft))
     }
 
     /// The draft length of the next round.
@@ -266,11 +445,62 @@ impl<'m> SpeculativeGenerator<'m> {
         self.k
     }
 
+    /// One plain decoding step of the fallback, pipelined as `Generator`'s: the next step is
+    /// queued before the current token is read, unless this is the stretch's last token (then
+    /// the token becomes the pending input of the next round, as after a round).
+    fn plain_next(&mut self) -> Result<()> {
+        let max = self.config.max_tokens.unwrap_or(usize::MAX);
+        let (tok, logprobs) = match self.plain_pending.take() {
+            Some(p) => p,
+            None => {
+                let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+                let p = step(self.model, &mut self.cache, &y, 1, &self.config, &mut self.history)?;
+                async_eval(&[&p.0, &p.1])?;
+                p
+            }
+        };
+        let goes_on = self.pace.as_ref().is_some_and(Pace::plain_continues) && self.ntoks + 1 < max;
+        if goes_on {
+            let next = step(self.model, &mut self.cache, &tok, 1, &self.config, &mut self.history)?;
+            async_eval(&[&next.0, &next.1])?;
+            self.plain_pending = Some(next);
+        }
+        let token = tok.item::<u32>()?;
+        self.ready.push_back(SpecToken { token, logprobs: logprobs.squeeze(&[0])?, from_draft: false });
+        self.ntoks += 1;
+        self.stats.plain_tokens += 1;
+        if self.ntoks == max {
+            self.done = true;
+        }
+        if let Some(p) = self.pace.as_mut() {
+            p.plain_token();
+        }
+        if matches!(self.draft, Draft::PromptLookup { .. }) {
+            self.seq.push(token);
+        } else {
+            // The draft model catches up on the plain tokens at its next step.
+            self.draft_y.push(token);
+        }
+        if !goes_on {
+            self.y = vec![token];
+        }
+        if self.stats.plain_tokens.is_multiple_of(256) {
+            mlx::runtime::clear_cache();
+        }
+        Ok(())
+    }
+
     /// One round: draft, verify, queue the accepted tokens, rewind the caches.
     fn round(&mut self) -> Result<()> {
+        let t0 = Instant::now();
         let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let want = (max - self.ntoks).min(self.k);
         // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
+        let draft_before = match &self.draft {
+            Draft::Model { cache, .. } => ArraysCache::snapshot(cache),
+            Draft::PromptLookup { .. } => None,
+        };
+        let draft_input = self.draft_y.clone();
         let (draft_tokens, lookup) = match &mut self.draft {
             Draft::Model { model, cache } => {
                 let mut ds = Vec::with_capacity(want);
@@ -292,21 +522,87 @@ impl<'m> SpeculativeGenerator<'m> {
             }
         };
         let num_draft = lookup.as_ref().map_or(draft_tokens.len(), Vec::len);
-        let mut parts = vec![Array::from_slice(&self.y, &[self.y.len() as i32])?];
-        parts.extend(draft_tokens);
-        let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?;
-        let (tokens, logprobs) =
-            step(self.model, &mut self.cache, &input, num_draft as i32 + 1, &self.config, &mut self.history)?;
-        mlx::eval(&[&tokens, &input])?;
-        let tokens: Vec<u32> = tokens.to_vec()?;
-        let drafted: Vec<u32> = input.astype(Dtype::U32)?.to_vec()?;
-        let drafted = &drafted[self.y.len()..];
-        self.stats.proposed += num_draft;
-        self.stats.rounds += 1;
+        let t_draft = if self.trace.is_some() {
+            mlx::eval(&draft_tokens.iter().collect::<Vec<_>>())?;
+            Some(Instant::now())
+        } else {
+            None
+        };
+        let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
+        let draft = match (draft_tokens.is_empty(), &lookup) {
+            (true, _) => None,
+            (false, Some(found)) => Some(Array::from_slice(found, &[found.len() as i32])?),
+            (false, None) => Some(ops::concatenate(&draft_tokens.iter().collect::<Vec<_>>(), 0)?),
+        };
+        // Recurrent layers' states, to put back if drafts are rejected (None without such layers).
+        let before = ArraysCache::snapshot(&self.cache);
+        let v = self.queue_verify(&y, draft.as_ref(), num_draft)?;
+        mlx::eval(&[&v.tokens, &v.input])?;
+        let tokens: Vec<u32> = v.tokens.to_vec()?;
+        let mut fed: Vec<u32> = v.input.astype(Dtype::U32)?.to_vec()?;
+        fed.truncate(v.real);
+        let drafted = &fed[self.y.len()..];
+        let t_verify = Instant::now();
+        let handed_before = self.ntoks;
+        let n = self.accept(&tokens, drafted, &v.logprobs)?;
+        self.y = vec![tokens[n]];
+        self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
+            // The last draft token has not been through the draft model yet.
+            vec![drafted[num_draft - 1], tokens[n]]
+        } else {
+            vec![tokens[n]]
+        };
+        // The history keeps the accepted tokens (mlx-lm drops at least one: the draft model
+        // appends its two-token input again).
+        let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
+        self.history.drop_last(extra)?;
+        self.history.cut_front()?;
+        // The target was fed its pending token and the drafts, the draft model its input and all
+        // drafts but the last: each keeps what was accepted.
+        let kept = fed.len() - (num_draft - n);
+        rewind(self.model, &mut self.cache, before, &fed, kept, &self.config)?;
+        if let Draft::Model { model, cache } = &mut self.draft {
+            let fed: Vec<u32> = draft_input.iter().copied().chain(drafted[..num_draft.saturating_sub(1)].iter().copied()).collect();
+            let kept = fed.len() - (num_draft - n).saturating_sub(1);
+            rewind(*model, cache, draft_before, &fed, kept, &self.config)?;
+        }
+        let end = Instant::now();
+        if let Some(t) = self.trace.as_mut() {
+            let drafted_at = t_draft.unwrap_or(t0);
+            t.draft_s += (drafted_at - t0).as_secs_f64();
+            t.verify_s += (t_verify - drafted_at).as_secs_f64();
+            t.host_s += (end - t_verify).as_secs_f64();
+        }
+        self.finish_round(num_draft, n, self.ntoks - handed_before, t0);
+        Ok(())
+    }
 
+    /// Queues the target's verification of `draft` (num_draft,) after the pending input `y` (L,):
+    /// the forward pass, padded to a multiple of `pad_verify` positions (repeats of `y`'s first
+    /// token, trimmed from the cache at once), and the sampling of its last num_draft + 1 positions.
+    fn queue_verify(&mut self, y: &Array, draft: Option<&Array>, num_draft: usize) -> Result<Verify> {
+        let real = y.dim(0) as usize + num_draft;
+        let pad = if num_draft > 0 && self.pad_verify > 1 { real.next_multiple_of(self.pad_verify) - real } else { 0 };
+        let mut parts = vec![y.clone()];
+        parts.extend(draft.cloned());
+        if pad > 0 {
+            let first = y.slice_axis(0, 0, 1)?;
+            parts.extend(std::iter::repeat_n(first, pad));
+        }
+        let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?; // (real + pad,)
+        let (tokens, logprobs) =
+            step_padded(self.model, &mut self.cache, &input, pad as i32, num_draft as i32 + 1, &self.config, &mut self.history)?;
+        trim_prompt_cache(&mut self.cache, pad as i32)?;
+        Ok(Verify { tokens, logprobs, input, real })
+    }
+
+    /// Hands out the drafts the target's `tokens` (num_draft + 1,) agree with, then the target's
+    /// own token (up to max_tokens); returns how many drafts were accepted.
+    fn accept(&mut self, tokens: &[u32], drafted: &[u32], logprobs: &Array) -> Result<usize> {
+        let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let row = |i: usize| -> Result<Array> { Ok(logprobs.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?) };
         let mut n = 0;
-        while n < num_draft && tokens[n] == drafted[n] {
+        while n < drafted.len() && tokens[n] == drafted[n] {
             self.ready.push_back(SpecToken { token: tokens[n], logprobs: row(n)?, from_draft: true });
             n += 1;
             self.ntoks += 1;
@@ -321,33 +617,37 @@ impl<'m> SpeculativeGenerator<'m> {
         if self.ntoks == max {
             self.done = true;
         }
-        if lookup.is_some() {
+        if matches!(self.draft, Draft::PromptLookup { .. }) {
             self.seq.extend_from_slice(&tokens[..=n]);
         }
-        self.y = vec![tokens[n]];
-        self.draft_y = if n == num_draft && lookup.is_none() && num_draft > 0 {
-            // The last draft token has not been through the draft model yet.
-            vec![drafted[num_draft - 1], tokens[n]]
-        } else {
-            vec![tokens[n]]
-        };
-        // The history keeps the accepted tokens (mlx-lm drops at least one: the draft model
-        // appends its two-token input again).
-        let extra = if lookup.is_none() { (num_draft - n).max(1) } else { num_draft - n };
-        self.history.drop_last(extra)?;
-        self.history.cut_front()?;
-        trim_prompt_cache(&mut self.cache, (num_draft - n) as i32)?;
-        if let Draft::Model { cache, .. } = &mut self.draft {
-            trim_prompt_cache(cache, (num_draft - n).saturating_sub(1) as i32)?;
-        }
+        Ok(n)
+    }
+
+    /// A round's bookkeeping: the adaptive draft length, statistics, the fallback's measurement.
+    fn finish_round(&mut self, num_draft: usize, accepted: usize, handed: usize, t0: Instant) {
+        self.stats.proposed += num_draft;
+        self.stats.rounds += 1;
         if self.adaptive && num_draft > 0 {
-            self.k = if n == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
+            self.k = if accepted == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
         }
         if self.stats.rounds.is_multiple_of(256) {
             mlx::runtime::clear_cache();
         }
-        Ok(())
+        self.stats.round_tokens += handed;
+        self.stats.round_s += t0.elapsed().as_secs_f64();
+        if let Some(p) = self.pace.as_mut() {
+            p.round(handed);
+        }
     }
+}
+
+/// A queued verification: its sampled tokens (num_draft + 1,) and log-probabilities
+/// (num_draft + 1, vocab), its input (real + padding,), and the positions it added to the cache.
+struct Verify {
+    tokens: Array,
+    logprobs: Array,
+    input: Array,
+    real: usize,
 }
 
 impl Iterator for SpeculativeGenerator<'_> {
@@ -355,7 +655,13 @@ impl Iterator for SpeculativeGenerator<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.ready.is_empty() && !self.done {
-            if let Err(e) = self.round() {
+            let plain = self.plain_pending.is_some() || self.pace.as_ref().is_some_and(|p| matches!(p.phase(), Phase::Plain { .. }));
+            let r = match (&self.draft, plain) {
+                (_, true) => self.plain_next(),
+                (Draft::PromptLookup { ngram }, false) if self.pipelined => self.lookup_round_pipelined(*ngram),
+                _ => self.round(),
+            };
+            if let Err(e) = r {
                 self.done = true;
                 return Some(Err(e));
             }

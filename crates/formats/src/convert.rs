@@ -103,13 +103,6 @@ pub trait ModelRules {
         true
     }
 
-    /// Whether `name` counts in `total_parameters` (mlx-lm counts the parameters of leaf modules:
-    /// not those a module with children holds itself); by default every tensor does.
-    fn counted(&self, model_type: &str, name: &str) -> bool {
-        let _ = (model_type, name);
-        true
-    }
-
     /// Whether the float parameter `name` keeps its dtype rather than taking the conversion's
     /// (mlx-lm's per-model `cast_predicate`); by default every float parameter is cast.
     fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
@@ -120,6 +113,7 @@ pub trait ModelRules {
     fn update_config(&self, model_type: &str, config: &mut Map<String, Value>) {
         let _ = (model_type, config);
     }
+
 }
 
 /// What a conversion wrote.
@@ -264,6 +258,14 @@ pub fn convert_folder(
 
     fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let total = weights.len();
+    // mlx-lm's `get_total_parameters` counts the parameters of leaf modules only: not a tensor
+    // that sits beside child modules (a gated DeltaNet's `A_log` and `dt_bias`).
+    let parents: std::collections::HashSet<&str> = weights
+        .keys()
+        .flat_map(|n| n.match_indices('.').map(move |(i, _)| &n[..i]).collect::<Vec<_>>().into_iter().rev().skip(1))
+        .collect();
+    let counted: std::collections::HashSet<String> =
+        weights.keys().filter(|n| n.rsplit_once('.').is_none_or(|(m, _)| !parents.contains(m))).cloned().collect();
     let mut summary = ConvertSummary { dtype: dtype.map(|d| d.name().to_owned()), ..Default::default() };
     let mut tensors: Vec<(String, Array)> = Vec::new();
     let mut parameters = 0usize;
@@ -305,7 +307,7 @@ pub fn convert_folder(
                 summary.quantized += 1;
             }
             None => {
-                if rules.counted(&model_type, &name) {
+                if counted.contains(&name) {
                     parameters += w.size();
                 }
                 w.eval()?;

@@ -108,6 +108,11 @@ const char* mlxs_last_error(void) {
   return g_error.c_str();
 }
 
+// For the shim's other files that report through mlxs_last_error (recurrent.cpp).
+void mlxs_keep_error(const char* what) {
+  g_error = what;
+}
+
 const char* mlxs_version(void) {
   return mx::version();
 }

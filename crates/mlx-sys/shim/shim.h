@@ -96,6 +96,17 @@ int mlxs_cumsum(mlxs_array* out, const mlxs_array a, int axis, int reverse, int 
 int mlxs_swiglu(mlxs_array* out, const mlxs_array gate, const mlxs_array up);
 int mlxs_rms_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, float eps);
 int mlxs_layer_norm(mlxs_array* out, const mlxs_array x, const mlxs_array weight, const mlxs_array bias, float eps);
+/* recurrent layers (recurrent.cpp): mx.conv1d, mx.repeat, and the compiled pieces of mlx-lm's
+   gated_delta.py (compute_g, _gated_delta_step_ops with mask == NULL or (B,) bool) and
+   activations.precise_swiglu */
+int mlxs_conv1d(mlxs_array* out, const mlxs_array x, const mlxs_array w, int stride, int padding, int dilation,
+                int groups);
+int mlxs_repeat(mlxs_array* out, const mlxs_array a, int repeats, int axis);
+int mlxs_gated_delta_g(mlxs_array* out, const mlxs_array a_log, const mlxs_array a, const mlxs_array dt_bias);
+int mlxs_gated_delta_step(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
+                          const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
+                          const mlxs_array mask);
+int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x);
 /* rope from position `offset`, or from offsets[b] for batch row b when `offsets` (B,) int32 is given */
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,
               int offset, const mlxs_array offsets, const mlxs_array freqs);

@@ -164,6 +164,22 @@ extern "C" {
         -> c_int;
 
     pub fn mlxs_swiglu(out: *mut mlxs_array, gate: mlxs_array, up: mlxs_array) -> c_int;
+    pub fn mlxs_conv1d(out: *mut mlxs_array, x: mlxs_array, w: mlxs_array, stride: c_int, padding: c_int, dilation: c_int, groups: c_int)
+        -> c_int;
+    pub fn mlxs_repeat(out: *mut mlxs_array, a: mlxs_array, repeats: c_int, axis: c_int) -> c_int;
+    pub fn mlxs_gated_delta_g(out: *mut mlxs_array, a_log: mlxs_array, a: mlxs_array, dt_bias: mlxs_array) -> c_int;
+    pub fn mlxs_gated_delta_step(
+        y: *mut mlxs_array,
+        state_out: *mut mlxs_array,
+        q: mlxs_array,
+        k: mlxs_array,
+        v: mlxs_array,
+        g: mlxs_array,
+        beta: mlxs_array,
+        state: mlxs_array,
+        mask: mlxs_array,
+    ) -> c_int;
+    pub fn mlxs_precise_swiglu(out: *mut mlxs_array, h: mlxs_array, gate: mlxs_array, x: mlxs_array) -> c_int;
     pub fn mlxs_rms_norm(out: *mut mlxs_array, x: mlxs_array, weight: mlxs_array, eps: c_float) -> c_int;
     pub fn mlxs_layer_norm(
         out: *mut mlxs_array,

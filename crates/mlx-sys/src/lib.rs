@@ -440,6 +440,40 @@ pub fn swiglu(gate: &Handle, up: &Handle) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_swiglu(o, gate.raw(), up.raw()) })
 }
 
+pub fn conv1d(x: &Handle, w: &Handle, stride: i32, padding: i32, dilation: i32, groups: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_conv1d(o, x.raw(), w.raw(), stride, padding, dilation, groups) })
+}
+
+pub fn repeat(a: &Handle, repeats: i32, axis: i32) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_repeat(o, a.raw(), repeats, axis) })
+}
+
+pub fn gated_delta_g(a_log: &Handle, a: &Handle, dt_bias: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_gated_delta_g(o, a_log.raw(), a.raw(), dt_bias.raw()) })
+}
+
+/// One compiled gated-delta step: (y, new state).
+pub fn gated_delta_step(
+    q: &Handle,
+    k: &Handle,
+    v: &Handle,
+    g: &Handle,
+    beta: &Handle,
+    state: &Handle,
+    mask: Option<&Handle>,
+) -> Result<(Handle, Handle)> {
+    let mut state_out: ffi::mlxs_array = ptr::null_mut();
+    let y = make(|o| unsafe {
+        ffi::mlxs_gated_delta_step(o, &mut state_out, q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), opt(mask))
+    })?;
+    let state = NonNull::new(state_out).map(Handle).ok_or_else(|| "MLX returned no state".to_owned())?;
+    Ok((y, state))
+}
+
+pub fn precise_swiglu(h: &Handle, gate: &Handle, x: &Handle) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_precise_swiglu(o, h.raw(), gate.raw(), x.raw()) })
+}
+
 pub fn rms_norm(x: &Handle, weight: Option<&Handle>, eps: f32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_rms_norm(o, x.raw(), opt(weight), eps) })
 }

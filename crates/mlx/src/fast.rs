@@ -9,6 +9,38 @@ pub fn swiglu(gate: &Array, up: &Array) -> Result<Array> {
     ctx("swiglu", sys::swiglu(gate.handle(), up.handle())).map(Array::from_handle)
 }
 
+/// mlx-lm's compiled `precise_swiglu(h, gate, x)`: `silu(gate) * x` in float32, cast to `h`'s dtype.
+#[track_caller]
+pub fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> Result<Array> {
+    ctx("precise_swiglu", sys::precise_swiglu(h.handle(), gate.handle(), x.handle())).map(Array::from_handle)
+}
+
+/// gated_delta.py's compiled `compute_g`: `exp(-exp(A_log in float32) * softplus(a + dt_bias))`.
+#[track_caller]
+pub fn gated_delta_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array> {
+    ctx("gated_delta_g", sys::gated_delta_g(a_log.handle(), a.handle(), dt_bias.handle())).map(Array::from_handle)
+}
+
+/// gated_delta.py's compiled `_gated_delta_step_ops`: q, k (B, H, Dk), v (B, H, Dv), g and beta
+/// (B, H), state (B, H, Dv, Dk), mask (B,) bool -> y (B, H, Dv) in q's dtype and the new state
+/// (the old one where the mask is false).
+#[track_caller]
+pub fn gated_delta_step(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let (y, s) = ctx(
+        "gated_delta_step",
+        sys::gated_delta_step(q.handle(), k.handle(), v.handle(), g.handle(), beta.handle(), state.handle(), mask.map(Array::handle)),
+    )?;
+    Ok((Array::from_handle(y), Array::from_handle(s)))
+}
+
 #[track_caller]
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     ctx("rms_norm", sys::rms_norm(x.handle(), weight.map(Array::handle), eps)).map(Array::from_handle)

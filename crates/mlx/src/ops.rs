@@ -122,6 +122,19 @@ impl Array {
         self.mul(&self.sigmoid()?)
     }
 
+    /// `mx.conv1d(self, weight, stride, padding, dilation, groups)`: self (B, L, C_in), weight
+    /// (C_out, K, C_in / groups) -> (B, L_out, C_out).
+    #[track_caller]
+    pub fn conv1d(&self, weight: &Array, stride: i32, padding: i32, dilation: i32, groups: i32) -> Result<Array> {
+        ctx("conv1d", sys::conv1d(self.handle(), weight.handle(), stride, padding, dilation, groups)).map(Array::from_handle)
+    }
+
+    /// `mx.repeat(self, repeats, axis)`: each element `repeats` times in a row along `axis`.
+    #[track_caller]
+    pub fn repeat(&self, repeats: i32, axis: i32) -> Result<Array> {
+        ctx("repeat", sys::repeat(self.handle(), repeats, axis)).map(Array::from_handle)
+    }
+
     #[track_caller]
     pub fn matmul(&self, other: &Array) -> Result<Array> {
         ctx("matmul", sys::matmul(self.handle(), other.handle())).map(Array::from_handle)

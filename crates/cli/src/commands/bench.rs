@@ -3,9 +3,13 @@
 //! tok/s and peak memory, each trial and the median, with mlx-lm's definitions; `-b N` runs N equal-length random
 //! prompts as one batch with greedy decoding, as mlx-lm's `batch_generate` measures it (tok/s summed over the batch).
 //! On several ranks (`mlx-gen launch -- bench`, `--pipeline` as mlx-lm's) every rank runs the same
-//! trials on the same prompt; rank 0 reports.
-use anyhow::{bail, Result};
-use engine::{GenerateConfig, Generator, LoadedModel};
+//! trials on the same prompt; rank 0 reports. With `--draft-model` or `--prompt-lookup` every trial
+//! is a plain generation and a speculative one, alternating, and the report adds the speculative
+//! run's decode rate, its ratio to plain in the same trials, the acceptance rate, tokens and time
+//! per round (`--prompt-file` gives a real text, through the chat template, for prompt lookup).
+use super::generate::speculative::SpecArgs;
+use anyhow::{bail, Context, Result};
+use engine::{GenerateConfig, Generator, LoadedModel, SpecStats};
 use mlx::Array;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -44,6 +48,32 @@ pub struct Args {
     /// On several ranks (mlx-gen launch): pipeline parallel instead of tensor parallel.
     #[arg(long)]
     pipeline: bool,
+    /// The prompt: this file's text through the chat template (when the model has one) instead of
+    /// random tokens (`--prompt-tokens` is then the text's length).
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    #[command(flatten)]
+    spec: SpecArgs,
+}
+
+/// The speculative run of the trials, beside the plain one.
+#[derive(Serialize)]
+struct SpecReport {
+    trials: Vec<SpecTrial>,
+    /// Medians: speculative decode tok/s, its ratio to plain decoding in the same trial, and the
+    /// draft statistics.
+    generation_tps: f64,
+    speedup: f64,
+    acceptance: f64,
+    tokens_per_round: f64,
+    ms_per_round: f64,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct SpecTrial {
+    generation_tps: f64,
+    speedup: f64,
+    stats: SpecStats,
 }
 
 /// Inter-token intervals of one trial, in milliseconds.
@@ -78,6 +108,8 @@ struct Report {
     median: Trial,
     #[serde(skip_serializing_if = "Option::is_none")]
     pacing: Option<Pacing>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speculative: Option<SpecReport>,
 }
 
 pub fn run(args: Args, device: &str) -> Result<()> {
@@ -93,25 +125,49 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     let leader = crate::rank::is_leader();
     let table = !args.json && leader;
 
-    // As mlx_lm.benchmark: seed 0, then a uniform random prompt over the vocabulary.
-    mlx::random::seed(0)?;
-    let vocab = loaded.model.vocab_size() as i64;
-    let shape = [args.batch_size as i32, args.prompt_tokens as i32];
-    let prompt: Vec<u32> = mlx::random::randint(0, vocab, &shape, mlx::Dtype::I32)?.to_vec::<u32>()?;
+    if args.spec.enabled() && (args.batch_size > 1 || args.pacing || crate::rank::group().is_some()) {
+        bail!("--draft-model and --prompt-lookup are benchmarked for one sequence in one process (not with -b, --pacing or launch)");
+    }
+    let draft = args.spec.load_draft(&loaded)?;
+    let prompt = bench_prompt(&loaded, &args)?;
+    let prompt_tokens = prompt.len() / args.batch_size;
 
     if table {
         eprintln!("Running warmup..");
     }
     trial(&loaded, &prompt, &args)?;
+    if let Some(d) = &draft {
+        spec_trial(&loaded, Some(d), &prompt, &args)?;
+    } else if args.spec.enabled() {
+        spec_trial(&loaded, None, &prompt, &args)?;
+    }
     if table {
         eprintln!(
             "Timing with prompt_tokens={}, generation_tokens={}, batch_size={}.",
-            args.prompt_tokens, args.generation_tokens, args.batch_size
+            prompt_tokens, args.generation_tokens, args.batch_size
         );
     }
     let mut trials = Vec::new();
+    let mut spec_trials = Vec::new();
     for i in 0..args.num_trials {
         let t = Trial { load_s, ..trial(&loaded, &prompt, &args)? };
+        if args.spec.enabled() {
+            let (tps, stats) = spec_trial(&loaded, draft.as_ref(), &prompt, &args)?;
+            let st = SpecTrial { generation_tps: tps, speedup: tps / t.generation_tps.max(1e-9), stats };
+            if table {
+                println!(
+                    "Trial {} speculative: generation_tps={:.3} ({:.2}x plain), acceptance={:.1}%, tokens/round={:.2}, ms/round={:.3}, plain tokens={}",
+                    i + 1,
+                    tps,
+                    st.speedup,
+                    100.0 * stats.acceptance_rate(),
+                    stats.tokens_per_round(),
+                    stats.ms_per_round(),
+                    stats.plain_tokens
+                );
+            }
+            spec_trials.push(st);
+        }
         if table {
             println!(
                 "Trial {}:  ttft_s={:.4}, prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}, total_time={:.3}",
@@ -133,7 +189,15 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         peak_memory_gb: median(trials.iter().map(|t| t.peak_memory_gb)),
         total_s: median(trials.iter().map(|t| t.total_s)),
     };
-    let pacing = if args.pacing { Some(pacing(&loaded, &prompt[..args.prompt_tokens], &args)?) } else { None };
+    let pacing = if args.pacing { Some(pacing(&loaded, &prompt[..prompt_tokens], &args)?) } else { None };
+    let speculative = (!spec_trials.is_empty()).then(|| SpecReport {
+        generation_tps: self::median(spec_trials.iter().map(|t| t.generation_tps)),
+        speedup: self::median(spec_trials.iter().map(|t| t.speedup)),
+        acceptance: self::median(spec_trials.iter().map(|t| t.stats.acceptance_rate())),
+        tokens_per_round: self::median(spec_trials.iter().map(|t| t.stats.tokens_per_round())),
+        ms_per_round: self::median(spec_trials.iter().map(|t| t.stats.ms_per_round())),
+        trials: spec_trials,
+    });
     crate::rank::finished();
     if !leader {
         return Ok(());
@@ -142,12 +206,13 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         pacing,
         model: model_dir.display().to_string(),
         device: device.to_owned(),
-        prompt_tokens: args.prompt_tokens,
+        prompt_tokens,
         generation_tokens: args.generation_tokens,
         batch_size: args.batch_size,
         load_s,
         trials,
         median,
+        speculative,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -156,8 +221,69 @@ pub fn run(args: Args, device: &str) -> Result<()> {
             "Averages: load_s={:.3}, ttft_s={:.4}, prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
             report.load_s, median.ttft_s, median.prompt_tps, median.generation_tps, median.peak_memory_gb
         );
+        if let Some(s) = &report.speculative {
+            println!(
+                "Speculative: generation_tps={:.3} ({:.2}x plain), acceptance={:.1}%, tokens/round={:.2}, ms/round={:.3}",
+                s.generation_tps,
+                s.speedup,
+                100.0 * s.acceptance,
+                s.tokens_per_round,
+                s.ms_per_round
+            );
+        }
     }
     Ok(())
+}
+
+/// `--prompt-file`'s text through the chat template (raw when the model has none), else as
+/// mlx_lm.benchmark: seed 0, then a uniform random (batch, prompt_tokens) prompt over the vocabulary.
+fn bench_prompt(loaded: &LoadedModel, args: &Args) -> Result<Vec<u32>> {
+    if let Some(path) = &args.prompt_file {
+        if args.batch_size > 1 {
+            bail!("--prompt-file gives one prompt: it does not combine with -b");
+        }
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --prompt-file {}", path.display()))?;
+        let tok = &loaded.tokenizer;
+        let ids = if tok.has_chat_template() {
+            let messages = [tokenizer::ChatMessage::new("user", text)];
+            tok.encode(&tok.apply_chat_template(&messages, true)?, false)?
+        } else {
+            tok.encode(&text, true)?
+        };
+        if ids.is_empty() {
+            bail!("--prompt-file {} encodes to no tokens", path.display());
+        }
+        return Ok(ids);
+    }
+    mlx::random::seed(0)?;
+    let vocab = loaded.model.vocab_size() as i64;
+    let shape = [args.batch_size as i32, args.prompt_tokens as i32];
+    Ok(mlx::random::randint(0, vocab, &shape, mlx::Dtype::I32)?.to_vec::<u32>()?)
+}
+
+/// One speculative generation of `generation_tokens` tokens, greedy, EOS ignored: its decode
+/// tok/s (as the plain trial counts it) and its draft statistics.
+fn spec_trial(loaded: &LoadedModel, draft: Option<&LoadedModel>, prompt: &[u32], args: &Args) -> Result<(f64, SpecStats)> {
+    let config = GenerateConfig {
+        max_tokens: Some(args.generation_tokens),
+        prefill_step_size: args.prefill_step_size,
+        ..GenerateConfig::default()
+    };
+    let model = loaded.model.as_ref();
+    let mut stream = args.spec.stream(model, draft, prompt, model.make_cache(), config, None)?;
+    let tic = Instant::now();
+    let mut first = None;
+    let mut count = 0usize;
+    for step in stream.by_ref() {
+        step?;
+        if first.is_none() {
+            first = Some(Instant::now());
+        }
+        count += 1;
+    }
+    let end = Instant::now();
+    let t = timing(prompt.len(), count, tic, first.unwrap_or(end), end);
+    Ok((t.generation_tps, stream.stats().unwrap_or_default()))
 }
 
 /// The intervals between consecutive tokens of one generation (after the first token).

@@ -71,7 +71,9 @@ pub fn make_cache_with(loaded: &LoadedModel, kv: &KvArgs, kind: KvCacheKind, blo
             }
             let windows: Vec<Option<(i32, i32)>> = caches.iter().map(|c| c.window()).collect();
             let pool = PagedPool::new(windows.len(), block_size, 64 << 30);
-            Ok(pool.new_windowed_sequence(&[], &windows)?.0)
+            let paged = pool.new_windowed_sequence(&[], &windows)?.0;
+            // A recurrent layer keeps its state (it has no positions to page).
+            Ok(caches.into_iter().zip(paged).map(|(c, p)| if c.as_arrays().is_some() { c } else { p }).collect())
         }
     }
 }

@@ -162,6 +162,23 @@ fn command(cmd: &str, session: &mut Session, loaded: &LoadedModel, out: &mut dyn
     Ok(true)
 }
 
+/// Prefills `head` but its last id (the prompt up to position `at`) into the session's cache and keeps the
+/// recurrent layers' states there; returns the cache (the generator goes on from `at`).
+fn prefill_to_snapshot(
+    loaded: &LoadedModel,
+    session: &mut Session,
+    head: &[u32],
+    at: usize,
+    step: usize,
+) -> engine::Result<Vec<Box<dyn engine::cache::KvCache>>> {
+    let mut cache = session.take_cache();
+    let ids: Vec<i32> = head.iter().map(|&t| t as i32).collect();
+    let prompt = mlx::Array::from_slice(&ids, &[1, ids.len() as i32])?;
+    engine::prefill::prefill(loaded.model.as_ref(), &mut cache, &prompt, step, None, |_| Ok(()))?;
+    session.keep_snapshot(at, &cache);
+    Ok(cache)
+}
+
 /// One exchange: prefill the new tokens, stream the answer until EOS, the token limit or Ctrl-C.
 fn turn(
     args: &Args,
@@ -202,7 +219,11 @@ fn turn(
     let mut detok = loaded.tokenizer.detokenizer();
     let (mut prompt_s, mut gen_start) = (0.0, tic);
     crate::rank::heartbeat("prefill");
-    let mut generator = match Generator::new(loaded.model.as_ref(), new_ids, session.take_cache(), config) {
+    let started = match prep.snapshot_at {
+        Some(at) => prefill_to_snapshot(loaded, session, &prep.ids[prep.reused..=at], at, config.prefill_step_size).map(|c| (c, &prep.ids[at..])),
+        None => Ok((session.take_cache(), new_ids)),
+    };
+    let mut generator = match started.and_then(|(cache, rest)| Generator::new(loaded.model.as_ref(), rest, cache, config)) {
         Ok(g) => g,
         Err(e) => {
             GENERATING.store(false, Ordering::SeqCst);

@@ -61,10 +61,6 @@ impl ModelRules for EngineRules {
         engine::models::quantizable(model_type, layer)
     }
 
-    fn counted(&self, model_type: &str, name: &str) -> bool {
-        engine::models::counted(model_type, name)
-    }
-
     fn keeps_dtype(&self, model_type: &str, name: &str) -> bool {
         engine::models::keeps_dtype(model_type, name)
     }

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 mod constrain;
-mod speculative;
+pub mod speculative;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -101,6 +101,9 @@ struct JsonResult {
     draft_tokens_proposed: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     draft_tokens_accepted: Option<usize>,
+    /// With --draft-model or --prompt-lookup: tokens decoded plainly while speculation did not pay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plain_fallback_tokens: Option<usize>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -276,6 +279,7 @@ pub fn run(args: Args) -> Result<()> {
             constraint_note,
             draft_tokens_proposed: stream.stats().map(|s| s.proposed),
             draft_tokens_accepted: stream.stats().map(|s| s.accepted),
+            plain_fallback_tokens: stream.stats().map(|s| s.plain_tokens),
         };
         serde_json::to_writer(&mut out, &result)?;
         writeln!(out)?;

@@ -232,6 +232,12 @@ pub fn moe_models_dir() -> &'static Path {
     DIR.get_or_init(|| script_models_dir("make_moe.py", &["make_deepseek.py"], "moe-models"))
 }
 
+/// The folder of all hybrid linear-attention test models (tests/oracle/make_qwen35.py).
+pub fn qwen35_models_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| script_models_dir("make_qwen35.py", &[], "qwen35-models"))
+}
+
 /// The folder of one mixture-of-experts test model (tests/oracle/make_moe.py).
 pub fn moe_model(name: &str) -> PathBuf {
     let d = moe_models_dir().join(name);

@@ -1,7 +1,7 @@
 //! Prompt-cache files in mlx-lm's `save_prompt_cache` / `load_prompt_cache` format: safetensors
 //! whose tensors are the flattened cache states (`"{layer}.{i}[.{j}]"`, scalars as 0-d int32,
 //! `None` as an empty array) and whose metadata is the flattened `[metadata, classes, scalars]`.
-use super::{ChunkedCache, GrowingCache, KvCache, ListCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
+use super::{ArraysCache, ChunkedCache, GrowingCache, KvCache, ListCache, QuantTriple, QuantizedCache, RotatingCache, StateNode};
 use crate::error::{EngineError, Result};
 use mlx::ops::QuantSpec;
 use mlx::Array;
@@ -119,6 +119,12 @@ impl Reader {
                 let spec = QuantSpec::affine(self.int(&p(3))?, self.int(&p(4))?);
                 Box::new(QuantizedCache::from_state(self.triple(&p(0))?, self.triple(&p(1))?, self.int(&p(2))?, spec)?)
             }
+            "ArraysCache" => {
+                let slot = |j: usize| format!("{prefix}.0.{j}");
+                let n = (0..).take_while(|j| self.tensors.contains_key(&slot(*j))).count();
+                let slots = (0..n).map(|j| self.array(&slot(j))).collect::<Result<Vec<_>>>()?;
+                Box::new(ArraysCache::from_state(slots, 0))
+            }
             // [(part state, part class), ...]
             "CacheList" => {
                 let mut parts = Vec::new();
@@ -168,6 +174,13 @@ pub fn load_prompt_cache(path: &Path) -> Result<PromptCacheFile> {
     }
     let kinds = scalar_paths.iter().filter_map(|(j, p)| scalar_kinds.get(j).map(|t| (p.clone(), t.clone()))).collect();
     let r = Reader { tensors: st.tensors.into_iter().collect(), kinds };
-    let cache = classes.iter().map(|(i, class)| r.cache(class, &i.to_string())).collect::<Result<_>>()?;
+    let mut cache: Vec<Box<dyn KvCache>> = classes.iter().map(|(i, class)| r.cache(class, &i.to_string())).collect::<Result<_>>()?;
+    // mlx-lm's ArraysCache keeps no position count: the positions are those of the model's KV caches.
+    let offset = cache.iter().find(|c| c.as_arrays().is_none()).map_or(0, |c| c.offset());
+    for c in cache.iter_mut() {
+        if let Some(a) = c.as_arrays_mut() {
+            a.set_offset(offset);
+        }
+    }
     Ok(PromptCacheFile { cache, metadata })
 }

@@ -1,5 +1,7 @@
 //! KV caches behind one trait, chosen per layer by the model. Keys and values are stored after
-//! RoPE, shaped (B, kv_heads, positions, head_dim).
+//! RoPE, shaped (B, kv_heads, positions, head_dim); a recurrent layer's state ([`ArraysCache`])
+//! sits behind the same trait.
+mod arrays;
 mod batch;
 mod chunked;
 mod file;
@@ -9,9 +11,11 @@ mod mask;
 pub mod paged;
 mod quantized;
 mod rotating;
+mod states;
 #[cfg(test)]
 mod tests;
 
+pub use arrays::ArraysCache;
 pub use batch::BatchCache;
 pub use chunked::ChunkedCache;
 pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
@@ -21,6 +25,7 @@ pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
 pub use paged::{BlockAllocator, PagedCache, PagedPool};
 pub use quantized::{quantized_sdpa, QuantizedCache};
 pub use rotating::RotatingCache;
+pub use states::StatePrefixCache;
 
 use crate::error::{EngineError, Result};
 use mlx::ops::QuantSpec;
@@ -28,6 +33,9 @@ use mlx::Array;
 
 /// mlx-lm's `DEFAULT_QUANTIZED_KV_START`.
 pub const DEFAULT_QUANTIZED_KV_START: usize = 5000;
+
+/// One cache per layer of a model (or of a pipeline stage).
+pub type Caches = Vec<Box<dyn KvCache>>;
 
 /// A quantized tensor as `mx.quantize` returns it: packed uint32 data, scales, biases.
 pub type QuantTriple = [Array; 3];
@@ -51,6 +59,13 @@ pub trait KvCache {
         None
     }
     fn as_batch_mut(&mut self) -> Option<&mut BatchCache> {
+        None
+    }
+    /// This cache as a recurrent layer's state, when it is one.
+    fn as_arrays(&self) -> Option<&ArraysCache> {
+        None
+    }
+    fn as_arrays_mut(&mut self) -> Option<&mut ArraysCache> {
         None
     }
     /// A batch cache's per-row RoPE offsets (B,) int32; `None` when every row is at `offset()`.
@@ -150,9 +165,11 @@ pub fn can_trim_prompt_cache(cache: &[Box<dyn KvCache>]) -> bool {
 /// mlx-lm's `trim_prompt_cache`, but with an error (not a silent 0) when some cache cannot be trimmed.
 pub fn trim_prompt_cache(cache: &mut [Box<dyn KvCache>], n: i32) -> Result<i32> {
     if !can_trim_prompt_cache(cache) {
-        return Err(EngineError::Invalid(
-            "the KV cache cannot be trimmed (a rotating cache that has wrapped around its window)".into(),
-        ));
+        let why = match cache.iter().any(|c| c.as_arrays().is_some()) {
+            true => "the model's recurrent (linear-attention) layer states",
+            false => "a rotating cache that has wrapped around its window",
+        };
+        return Err(EngineError::Invalid(format!("the KV cache cannot be trimmed ({why})")));
     }
     let mut first = 0;
     for (i, c) in cache.iter_mut().enumerate() {

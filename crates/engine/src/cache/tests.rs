@@ -66,3 +66,35 @@ fn a_cache_list_trims_and_round_trips_through_a_file() {
         assert_eq!(v.slice_axis(2, 0, 7).unwrap().to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap(), "part {i}");
     }
 }
+
+#[test]
+fn a_recurrent_state_refuses_to_trim_and_batches_by_rows() {
+    let state = |v: f32| ops::full(&[1, 2, 3], f64::from(v), Dtype::F32).unwrap();
+    let mut one = ArraysCache::new(2);
+    assert!(one.is_empty());
+    one.set(0, state(1.0)).unwrap();
+    one.set(1, state(10.0)).unwrap();
+    one.advance(5);
+    assert_eq!(one.offset(), 5);
+    assert!(!one.is_trimmable());
+    assert_eq!(one.trim(0).unwrap(), 0);
+    let e = one.trim(1).unwrap_err().to_string();
+    assert!(e.contains("cannot be trimmed"), "{e}");
+    let mut all: Vec<Box<dyn KvCache>> = vec![Box::new(one.clone()), Box::new(GrowingCache::new())];
+    let e = trim_prompt_cache(&mut all, 1).unwrap_err().to_string();
+    assert!(e.contains("recurrent"), "{e}");
+    // Rows: extend concatenates, filter keeps the named ones in order.
+    let mut two = ArraysCache::new(2);
+    two.set(0, state(2.0)).unwrap();
+    two.set(1, state(20.0)).unwrap();
+    let mut batch = ArraysCache::batch(2);
+    batch.extend(&one).unwrap();
+    batch.extend(&two).unwrap();
+    assert_eq!(batch.get(1).unwrap().shape(), vec![2, 2, 3]);
+    batch.filter(&[1]).unwrap();
+    assert_eq!(batch.get(0).unwrap().to_vec::<f32>().unwrap(), vec![2.0; 6]);
+    // mlx-lm's state layout: ([conv, recurrent], left_padding, lengths).
+    let (class, nodes) = one.saved_state().unwrap();
+    assert_eq!(class, "ArraysCache");
+    assert!(matches!(nodes.as_slice(), [StateNode::List(s), StateNode::None, StateNode::None] if s.len() == 2));
+}

@@ -15,6 +15,9 @@ pub mod qwen2;
 pub mod qwen2_moe;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3_next;
+pub mod qwen3_5;
+pub mod qwen3_5_moe;
 mod stack;
 mod transformer;
 
@@ -121,6 +124,9 @@ const REGISTRY: &[(&str, Loader)] = &[
     ("mistral3", mistral3::load),
     ("llama4_text", llama4_text::load),
     ("llama4", llama4::load),
+    ("qwen3_next", qwen3_next::load),
+    ("qwen3_5", qwen3_5::load),
+    ("qwen3_5_moe", qwen3_5_moe::load),
 ];
 
 /// mlx-lm's `Model.sanitize` for a Hugging Face float checkpoint of `model_type`, as `mlx-gen
@@ -135,6 +141,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "mistral4" => Some(mistral4::sanitize),
         "deepseek_v32" => Some(deepseek_v32::sanitize),
         "deepseek_v41" => Some(deepseek_v41::sanitize),
+        "qwen3_next" => Some(qwen3_next::sanitize),
         _ => None,
     };
     if let Some(f) = own {
@@ -149,13 +156,15 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
         "ministral3" => return ministral3::sanitize(&whole(), weights),
         "mistral3" => return mistral3::sanitize(&whole(), weights),
         "llama4" => return llama4::sanitize(&whole(), weights),
+        "qwen3_5" => return qwen3_5::sanitize(weights),
+        "qwen3_5_moe" => return qwen3_5_moe::sanitize(weights),
         "llama4_text" => return Ok(()), // llama4_text.py has no sanitize
         "llama" | "mistral" | "qwen2" => Some(true),
         "qwen3" => None,
         other => {
             return Err(EngineError::UnsupportedModel {
                 found: other.to_owned(),
-                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, deepseek_v32, deepseek_v41, ministral3, mistral3, llama4, llama4_text".into(),
+                supported: "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, mistral4, deepseek_v32, deepseek_v41, ministral3, mistral3, llama4, llama4_text, qwen3_next, qwen3_5, qwen3_5_moe".into(),
             })
         }
     };
@@ -176,6 +185,7 @@ pub fn sanitize(model_type: &str, config: &serde_json::Map<String, serde_json::V
 pub fn quant_override(model_type: &str, path: &str) -> Option<mlx::ops::QuantSpec> {
     match model_type {
         "qwen3_moe" => qwen3_moe::quant_override(path),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => qwen3_next::quant_override(path),
         _ => None,
     }
 }
@@ -186,12 +196,6 @@ pub fn quantizable(model_type: &str, layer: &str) -> bool {
     !(matches!(model_type, "deepseek_v32" | "deepseek_v41") && layer.ends_with(".mlp.gate"))
 }
 
-/// Whether the parameter `name` counts in `total_parameters` when converting (mlx-lm counts leaf
-/// modules only): not deepseek_v41's attention sinks, held by the attention module itself.
-pub fn counted(model_type: &str, name: &str) -> bool {
-    !(model_type == "deepseek_v41" && name.ends_with(".self_attn.sinks"))
-}
-
 /// Whether `model_type`'s mlx-lm class keeps the parameter `name` in its own dtype when
 /// converting (its `cast_predicate` says no cast), e.g. DeepSeek's float32 router bias.
 pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
@@ -199,6 +203,7 @@ pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
         "deepseek_v32" => name.contains("e_score_correction_bias"),
         // The reference runtime keeps these in float32.
         "deepseek_v41" => ["attn_hc.", "ffn_hc.", "sinks", "e_score_correction_bias", "compressor."].iter().any(|k| name.contains(k)),
+        "qwen3_5" | "qwen3_5_moe" => name.ends_with("A_log"),
         _ => false,
     }
 }
@@ -206,8 +211,10 @@ pub fn keeps_dtype(model_type: &str, name: &str) -> bool {
 /// What `model_type`'s mlx-lm config class writes into the config dict itself, so that
 /// `mlx_lm.convert` saves it (the CLI hands it to `formats::convert` with [`sanitize`]).
 pub fn update_config(model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
-    if model_type == "mistral3" {
-        mistral3::update_config(config);
+    match model_type {
+        "mistral3" => mistral3::update_config(config),
+        "qwen3_5" | "qwen3_5_moe" => qwen3_5::update_config(config),
+        _ => {}
     }
 }
 

@@ -3,6 +3,7 @@
 //! operation for operation, so that results are bit-identical.
 mod attention;
 mod embedding;
+pub mod gated_delta;
 mod linear;
 pub mod mla;
 pub mod moe;

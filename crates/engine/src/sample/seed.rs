@@ -82,6 +82,10 @@ pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize
     let shapes = crate::models::sanitized_shapes(config, tensor_shapes(dir)?);
     let mut draws = 0;
     for (name, shape) in &shapes {
+        if let Some(n) = hybrid_draws(name, shape, &shapes) {
+            draws += n;
+            continue;
+        }
         let Some(base) = name.strip_suffix(".weight") else { continue };
         if tied && base.ends_with("lm_head") {
             continue; // sanitize drops it: no module
@@ -91,4 +95,31 @@ pub fn init_random_draws(dir: &Path, config: &serde_json::Value) -> Result<usize
         draws += crate::models::init_modules(model_type, base, shape.len(), quantized) * per_module;
     }
     Ok(draws)
+}
+
+/// The draws of tensors that are not one `nn.Linear` / `nn.Embedding` each: a Conv1d's weight and
+/// a gated DeltaNet's `A_log` (one `uniform` each, whatever their shape), stacked experts (one
+/// `SwitchLinear` per projection: Hugging Face's per-expert tensors count once, at expert 0;
+/// `experts.gate_up_proj` is two), and what `sanitize` drops (`mtp.`, the vision tower): none.
+fn hybrid_draws(name: &str, shape: &[i64], shapes: &HashMap<String, Vec<i64>>) -> Option<usize> {
+    if name.contains("mtp.") || name.starts_with("vision_tower") || name.starts_with("model.visual") {
+        return Some(0);
+    }
+    if name.ends_with("linear_attn.conv1d.weight") || name.ends_with("linear_attn.A_log") {
+        return Some(1);
+    }
+    if name.ends_with(".experts.gate_up_proj") {
+        return Some(2);
+    }
+    if name.ends_with(".experts.down_proj") {
+        return Some(1);
+    }
+    if let Some(base) = name.strip_suffix(".weight").filter(|b| b.contains("switch_mlp.") && shape.len() == 3) {
+        if !shapes.contains_key(&format!("{base}.scales")) {
+            return Some(1); // float stacked experts (quantized ones count as quantized layers)
+        }
+    }
+    let (_, rest) = name.split_once(".experts.")?;
+    let (e, _) = rest.split_once('.')?;
+    e.parse::<u32>().ok().filter(|&e| e != 0).map(|_| 0)
 }

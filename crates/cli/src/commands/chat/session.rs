@@ -1,6 +1,8 @@
 //! The conversation and its KV cache: each turn re-renders the chat template and prefills only the tokens after the longest common prefix with the cache.
+//! A recurrent layer's state cannot be trimmed back to that prefix: for models with one, the states at the end of the
+//! last user message are kept, and a turn whose prefix ends before the cache's end starts from them.
 use anyhow::{bail, Result};
-use engine::cache::KvCache;
+use engine::cache::{ArraysCache, KvCache};
 use tokenizer::ChatMessage;
 use engine::LoadedModel;
 
@@ -13,6 +15,8 @@ pub struct Session {
     cache_ids: Vec<u32>,
     /// `--max-kv-size`: the cache never holds more positions (old turns are dropped first).
     max_kv_size: Option<usize>,
+    /// The recurrent layers' states (`None` for the KV layers) after the first `.0` of `cache_ids`.
+    snapshot: Option<(usize, Vec<Option<ArraysCache>>)>,
 }
 
 /// What a turn must prefill.
@@ -27,6 +31,9 @@ pub struct Prepared {
     pub dropped: usize,
     /// The rendered prompt ends inside an open `<think>` block.
     pub starts_thinking: bool,
+    /// Where to keep the recurrent layers' states while prefilling (the end of the last user
+    /// message, which the next turn's rendering starts with), for models that have them.
+    pub snapshot_at: Option<usize>,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -35,7 +42,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl Session {
     pub fn new(loaded: &LoadedModel, system: Option<String>, max_kv_size: Option<usize>) -> Session {
-        Session { system, messages: Vec::new(), cache: loaded.model.make_cache(), cache_ids: Vec::new(), max_kv_size }
+        Session { system, messages: Vec::new(), cache: loaded.model.make_cache(), cache_ids: Vec::new(), max_kv_size, snapshot: None }
     }
 
     /// The conversation with the system message first, as rendered and saved.
@@ -53,6 +60,7 @@ impl Session {
         self.messages.clear();
         self.cache = loaded.model.make_cache();
         self.cache_ids.clear();
+        self.snapshot = None;
     }
 
     fn render(&self, loaded: &LoadedModel) -> Result<(Vec<u32>, bool)> {
@@ -95,12 +103,26 @@ impl Session {
         // window, a chunked one that dropped the front of a chunk the next positions may see).
         let mut ok = offset == self.cache_ids.len();
         if ok && offset > reused {
-            for c in &mut self.cache {
-                ok &= c.trim((offset - reused) as i32).is_ok() && c.offset() as usize == reused && c.first_position() == 0;
+            // Recurrent states go back to the kept ones, if they are not past the common prefix.
+            let back = self.cache.iter().any(|c| c.as_arrays().is_some());
+            let mut to = reused;
+            if back {
+                match self.snapshot.as_ref().filter(|(at, _)| *at <= reused) {
+                    Some((at, states)) => {
+                        to = *at;
+                        ArraysCache::restore(&mut self.cache, states);
+                    }
+                    None => ok = false,
+                }
             }
+            for c in &mut self.cache {
+                ok &= c.trim(c.offset() - to as i32).is_ok() && c.offset() as usize == to && c.first_position() == 0;
+            }
+            reused = to;
         }
         if !ok {
             self.cache = loaded.model.make_cache();
+            self.snapshot = None;
             reused = 0;
         }
         self.cache_ids.truncate(reused);
@@ -108,7 +130,19 @@ impl Session {
             Some(limit) => max_tokens.min(limit - ids.len()),
             None => max_tokens,
         };
-        Ok(Prepared { ids, reused, max_tokens, dropped, starts_thinking })
+        let snapshot_at = match self.cache.iter().any(|c| c.as_arrays().is_some()) {
+            true => {
+                let text = loaded.tokenizer.apply_chat_template(&self.conversation(), false)?;
+                Some(common_prefix(&loaded.tokenizer.encode(&text, false)?, &ids)).filter(|&at| at > reused && at < ids.len())
+            }
+            false => None,
+        };
+        Ok(Prepared { ids, reused, max_tokens, dropped, starts_thinking, snapshot_at })
+    }
+
+    /// Keeps the recurrent layers' states of `cache`, which holds the first `at` ids of the turn.
+    pub fn keep_snapshot(&mut self, at: usize, cache: &[Box<dyn KvCache>]) {
+        self.snapshot = ArraysCache::snapshot(cache).map(|states| (at, states));
     }
 
     /// Takes the cache for a generator.

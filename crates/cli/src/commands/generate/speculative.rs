@@ -1,4 +1,4 @@
-//! `generate`'s speculative decoding flags (`--draft-model`, `--prompt-lookup`, `--num-draft-tokens`, `--adaptive-draft`) and the token stream that is plain or speculative.
+//! `generate`'s speculative decoding flags (`--draft-model`, `--prompt-lookup`, `--num-draft-tokens`, `--adaptive-draft`, `--always-speculate`) and the token stream that is plain or speculative.
 use anyhow::{bail, Result};
 use engine::cache::KvCache;
 use engine::models::Model;
@@ -22,6 +22,10 @@ pub struct SpecArgs {
     /// rejection, within 1..=4x --num-draft-tokens).
     #[arg(long)]
     pub adaptive_draft: bool,
+    /// Speculate every round. Without it, greedy runs (no penalties or logit bias) decode plainly
+    /// while speculation is measured to be slower, with the same tokens.
+    #[arg(long)]
+    pub always_speculate: bool,
 }
 
 impl SpecArgs {
@@ -48,16 +52,33 @@ impl SpecArgs {
         config: GenerateConfig,
         constraint: Option<Box<dyn engine::sample::TokenConstraint>>,
     ) -> Result<Tokens<'m>> {
-        let spec = SpeculativeConfig { num_draft_tokens: self.num_draft_tokens as usize, adaptive: self.adaptive_draft };
+        let spec = SpeculativeConfig {
+            num_draft_tokens: self.num_draft_tokens as usize,
+            adaptive: self.adaptive_draft,
+            fallback: !self.always_speculate,
+            pad_verify: verify_padding()?,
+            // MLX_GEN_SPEC_PIPELINE=1: queue each prompt-lookup round before reading the one in
+            // flight. Off until measured on the GPU: on the CPU it loses (BENCHMARKS.md).
+            pipeline: std::env::var_os("MLX_GEN_SPEC_PIPELINE").is_some_and(|v| v == "1"),
+        };
         let drafter = match (draft, self.prompt_lookup) {
             (Some(d), _) => Draft::Model { model: d.model.as_ref(), cache: d.model.make_cache() },
             (None, Some(n)) => Draft::PromptLookup { ngram: n as usize },
-            (None, None) => return Ok(Tokens::Plain(Generator::new_constrained(model, prompt, cache, config, constraint)?)),
+            (None, None) => return Ok(Tokens::Plain(Box::new(Generator::new_constrained(model, prompt, cache, config, constraint)?))),
         };
         if constraint.is_some() {
             bail!("constrained decoding does not combine with speculative decoding yet");
         }
-        Ok(Tokens::Spec(SpeculativeGenerator::new(model, prompt, cache, drafter, config, spec)?))
+        Ok(Tokens::Spec(Box::new(SpeculativeGenerator::new(model, prompt, cache, drafter, config, spec)?)))
+    }
+}
+
+/// What the verification pass is padded to: 8 positions on the GPU (MLX's CUDA quantized matrix
+/// product is much slower for 2-7 rows than for 8), none on the CPU; `MLX_GEN_VERIFY_PAD=N` sets it.
+fn verify_padding() -> Result<usize> {
+    match std::env::var("MLX_GEN_VERIFY_PAD") {
+        Ok(v) => v.trim().parse::<usize>().map_err(|_| anyhow::anyhow!("MLX_GEN_VERIFY_PAD={v:?} is not a whole number")),
+        Err(_) => Ok(if mlx::runtime::default_device() == mlx::runtime::Device::Gpu { 8 } else { 1 }),
     }
 }
 
@@ -85,8 +106,8 @@ fn check_vocab(target: &LoadedModel, draft: &LoadedModel, dir: &std::path::Path)
 
 /// Plain or speculative generation, yielding (token, whether it is an accepted draft token).
 pub enum Tokens<'m> {
-    Plain(Generator<'m>),
-    Spec(SpeculativeGenerator<'m>),
+    Plain(Box<Generator<'m>>),
+    Spec(Box<SpeculativeGenerator<'m>>),
 }
 
 impl Tokens<'_> {

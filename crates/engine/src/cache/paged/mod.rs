@@ -63,6 +63,16 @@ impl PagedPool {
         (caches, reused)
     }
 
+    /// Positions per block.
+    pub fn block_size(&self) -> usize {
+        self.lock().alloc.block_size()
+    }
+
+    /// The most bytes of storage the pool may hold.
+    pub fn budget_bytes(&self) -> usize {
+        self.lock().budget_bytes
+    }
+
     /// Bytes of storage the pool holds now (all layers).
     pub fn nbytes(&self) -> usize {
         self.lock().layers.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
