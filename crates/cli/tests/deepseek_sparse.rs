@@ -10,7 +10,8 @@
 //! tensor and pipeline parallel on 2 ranks equal one process; `mlx-gen convert` equals
 //! `mlx_lm.convert`. V4.1's untrimmable layer caches refuse prompt files and speculation, as mlx-lm;
 //! its tensor and pipeline parallel equal one process. Both: chunked prefill as mlx-lm's, and
-//! `serve` answering concurrent requests as `generate`.
+//! `serve` answering concurrent requests as `generate`; V3.2's continuous batching equals each
+//! sequence alone.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -286,8 +287,8 @@ fn pp2_deepseek_v41_matches_single_process() {
     }
 }
 
-/// `serve` runs the sparse models' own caches one sequence at a time (they do not merge into a
-/// batch cache): concurrent chat requests each get the text `generate` gives for that prompt.
+/// `serve` (deepseek_v32's cache lists batched part by part, deepseek_v41's layer caches one
+/// sequence at a time): concurrent chat requests each get the text `generate` gives.
 #[test]
 fn serve_answers_concurrent_requests_as_generate() {
     for v in ["dsv32-interleave-f32", "dsv41-f32"] {
@@ -352,4 +353,43 @@ fn chunked_prefill_matches_mlx_lm() {
         assert!(r["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{v}: mlx-lm generated nothing");
         eprintln!("{v} {flags:?}: {} tokens equal", r["tokens"].as_array().map_or(0, Vec::len));
     }
+}
+
+/// Continuous batching on deepseek_v32: sequences of different lengths (some beyond index_topk)
+/// joining at different steps, both parts of each layer's cache list batched (left-padded rows,
+/// per-row RoPE offsets, the indexer masked per row), give the greedy tokens each gives alone.
+#[test]
+fn batched_sequences_match_their_runs_alone() {
+    use engine::batch::{BatchEngine, SeqParams, StepToken};
+    use engine::{GenerateConfig, Generator, LoadedModel};
+    let m = LoadedModel::load(&model("dsv32-interleave-f32")).unwrap();
+    assert!(engine::batch::is_batchable(m.model.as_ref()), "a cache list of KV caches batches");
+    let prompts: Vec<Vec<u32>> = [5usize, 40, 17].iter().map(|&n| (0..n as u32).map(|i| (i * 37 + n as u32) % 400 + 3).collect()).collect();
+    let (joins, lens) = ([0usize, 0, 4], [20usize, 12, 16]);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, n)| {
+            let config = GenerateConfig { max_tokens: Some(n), ..GenerateConfig::default() };
+            Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
+        })
+        .collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), 32, None);
+    let mut got = vec![Vec::new(); prompts.len()];
+    for step in 0..200 {
+        for i in (0..prompts.len()).filter(|&i| joins[i] == step) {
+            engine.add(i as u64, prompts[i].clone(), SeqParams { sampler: Default::default(), keys: None, logprobs: false }).unwrap();
+        }
+        for StepToken { id, token, .. } in engine.step().unwrap() {
+            let g = &mut got[id as usize];
+            g.push(token);
+            if g.len() == lens[id as usize] {
+                engine.finish(id);
+            }
+        }
+        if engine.is_idle() && step > joins[2] {
+            break;
+        }
+    }
+    assert_eq!(got, alone, "batched sequences differ from their runs alone");
 }
