@@ -8,7 +8,10 @@
 //! mlx-lm's tokens and log-probabilities. V3.2's layer caches (latent KV + indexer keys, mlx-lm's
 //! `CacheList`) continue across prompt-cache files both ways, chat turns and speculative decoding;
 //! tensor and pipeline parallel on 2 ranks equal one process; `mlx-gen convert` equals
-//! `mlx_lm.convert`. V4.1's untrimmable layer caches refuse prompt files and speculation, as mlx-lm.
+//! `mlx_lm.convert`. V4.1's untrimmable layer caches refuse prompt files and speculation, as mlx-lm;
+//! its tensor and pipeline parallel equal one process. Both: chunked prefill as mlx-lm's, and
+//! `serve` answering concurrent requests as `generate`; V3.2's continuous batching equals each
+//! sequence alone.
 //! Needs the oracle venv (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -106,7 +109,8 @@ fn deepseek_v41() {
 }
 
 /// What mlx-lm cannot do with deepseek_v41's layer caches fails with one clear line: a prompt-cache
-/// file (mlx-lm cannot load a `LayerCache`) and speculative decoding (the cache cannot be trimmed).
+/// file (mlx-lm cannot load a `LayerCache`) and speculative decoding (the cache cannot be trimmed);
+/// so does a config without hyper-connection streams.
 #[test]
 fn deepseek_v41_refuses_what_its_cache_cannot_do() {
     let dir = model("dsv41-f32");
@@ -122,6 +126,17 @@ fn deepseek_v41_refuses_what_its_cache_cannot_do() {
         assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains(needle), "{args:?}: {stderr}");
     }
     assert!(!file.exists(), "no file is left behind");
+    // A config that cannot describe the model: one line, no panic.
+    let bad = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dsv41-bad-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&bad);
+    common::copy_dir(&dir, &bad);
+    let mut cfg = config("dsv41-f32");
+    cfg["text_config"]["hc_mult"] = Value::from(0);
+    std::fs::write(bad.join("config.json"), cfg.to_string()).unwrap();
+    let o = common::mlx_gen(&["generate", "--model", bad.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "2"], None);
+    let _ = std::fs::remove_dir_all(&bad);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && stderr.trim().lines().count() == 1 && stderr.contains("positive hc_mult"), "{stderr}");
 }
 
 fn config(v: &str) -> Value {
@@ -272,8 +287,8 @@ fn pp2_deepseek_v41_matches_single_process() {
     }
 }
 
-/// `serve` runs the sparse models' own caches one sequence at a time (they do not merge into a
-/// batch cache): concurrent chat requests each get the text `generate` gives for that prompt.
+/// `serve` (deepseek_v32's cache lists batched part by part, deepseek_v41's layer caches one
+/// sequence at a time): concurrent chat requests each get the text `generate` gives.
 #[test]
 fn serve_answers_concurrent_requests_as_generate() {
     for v in ["dsv32-interleave-f32", "dsv41-f32"] {
@@ -303,4 +318,78 @@ fn serve_answers_concurrent_requests_as_generate() {
         assert_eq!(answers, alone, "{v}: served answers differ from generate's");
         eprintln!("{v}: {} concurrent answers equal generate's", answers.len());
     }
+}
+
+/// Chunked prefill (`--prefill-step-size` below the prompt length; `--max-kv-size`, which these
+/// models' own caches ignore, as mlx-lm's): the indexer over a partly filled cache, V4.1's window,
+/// open compressor groups and index keys carried across chunks, against mlx-lm's generate.
+#[test]
+fn chunked_prefill_matches_mlx_lm() {
+    let cases: &[(&str, &[(&str, i64)])] = &[
+        ("dsv32-f32", &[("prefill_step_size", 8)]),
+        ("dsv32-interleave-f32", &[("prefill_step_size", 5), ("max_kv_size", 20)]),
+        ("dsv41-f32", &[("prefill_step_size", 5)]),
+        ("dsv41-sigmoid-f32", &[("prefill_step_size", 7), ("max_kv_size", 16)]),
+        ("dsv41-q4g32", &[("prefill_step_size", 3)]),
+    ];
+    let ops: Vec<Value> = cases
+        .iter()
+        .map(|(v, flags)| {
+            let mut c = serde_json::json!({"op": "generate", "model": model(v), "prompt": CHAT_PROMPT, "max_tokens": MAX_TOKENS});
+            for (k, n) in *flags {
+                c[*k] = Value::from(*n);
+            }
+            c
+        })
+        .collect();
+    let refs = common::batched_reference("cache_reference.py", &ops);
+    for ((v, flags), r) in cases.iter().zip(&refs) {
+        let (dir, max) = (model(v), MAX_TOKENS.to_string());
+        let values: Vec<(String, String)> = flags.iter().map(|(k, n)| (format!("--{}", k.replace('_', "-")), n.to_string())).collect();
+        let mut args = vec!["generate", "--model", dir.to_str().unwrap(), "--prompt", CHAT_PROMPT, "--max-tokens", &max, "--output", "json"];
+        args.extend(values.iter().flat_map(|(k, n)| [k.as_str(), n.as_str()]));
+        let o = generate_json(&args, v);
+        assert_eq!(o["tokens"], r["tokens"], "{v} {flags:?}: tokens differ from mlx-lm's");
+        assert!(r["tokens"].as_array().is_some_and(|t| !t.is_empty()), "{v}: mlx-lm generated nothing");
+        eprintln!("{v} {flags:?}: {} tokens equal", r["tokens"].as_array().map_or(0, Vec::len));
+    }
+}
+
+/// Continuous batching on deepseek_v32: sequences of different lengths (some beyond index_topk)
+/// joining at different steps, both parts of each layer's cache list batched (left-padded rows,
+/// per-row RoPE offsets, the indexer masked per row), give the greedy tokens each gives alone.
+#[test]
+fn batched_sequences_match_their_runs_alone() {
+    use engine::batch::{BatchEngine, SeqParams, StepToken};
+    use engine::{GenerateConfig, Generator, LoadedModel};
+    let m = LoadedModel::load(&model("dsv32-interleave-f32")).unwrap();
+    assert!(engine::batch::is_batchable(m.model.as_ref()), "a cache list of KV caches batches");
+    let prompts: Vec<Vec<u32>> = [5usize, 40, 17].iter().map(|&n| (0..n as u32).map(|i| (i * 37 + n as u32) % 400 + 3).collect()).collect();
+    let (joins, lens) = ([0usize, 0, 4], [20usize, 12, 16]);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, n)| {
+            let config = GenerateConfig { max_tokens: Some(n), ..GenerateConfig::default() };
+            Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
+        })
+        .collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), 32, None);
+    let mut got = vec![Vec::new(); prompts.len()];
+    for step in 0..200 {
+        for i in (0..prompts.len()).filter(|&i| joins[i] == step) {
+            engine.add(i as u64, prompts[i].clone(), SeqParams { sampler: Default::default(), keys: None, logprobs: false }).unwrap();
+        }
+        for StepToken { id, token, .. } in engine.step().unwrap() {
+            let g = &mut got[id as usize];
+            g.push(token);
+            if g.len() == lens[id as usize] {
+                engine.finish(id);
+            }
+        }
+        if engine.is_idle() && step > joins[2] {
+            break;
+        }
+    }
+    assert_eq!(got, alone, "batched sequences differ from their runs alone");
 }

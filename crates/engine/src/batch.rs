@@ -12,7 +12,7 @@
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
 //! the CPU while the device runs it (one host sync per step, as without constraints).
-use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, PagedPool, StateNode, StatePrefixCache};
+use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
@@ -92,6 +92,8 @@ impl<'m> BatchEngine<'m> {
     pub fn new(model: &'m dyn Model, prefill_step_size: usize, prefix: Option<PagedPool>) -> BatchEngine<'m> {
         let recurrent = has_recurrent_layers(model);
         let states = prefix.as_ref().filter(|_| recurrent).map(|p| StatePrefixCache::new(p.block_size(), p.budget_bytes()));
+        // The prefix pool keeps one key/value list per layer: not a layer's cache list.
+        let prefix = prefix.filter(|_| !model.make_cache().iter_mut().any(|c| c.parts_mut().is_some()));
         BatchEngine {
             model,
             layers: model.make_cache().len(),
@@ -257,6 +259,12 @@ impl<'m> BatchEngine<'m> {
             }
         }
         for c in &mut self.caches {
+            if let Some(parts) = c.parts_mut() {
+                for part in parts {
+                    batch_cache_mut(part)?.filter(&keep)?;
+                }
+                continue;
+            }
             match c.as_arrays_mut() {
                 Some(a) => a.filter(&keep)?,
                 None => batch_cache_mut(c)?.filter(&keep)?,
@@ -346,19 +354,34 @@ impl<'m> BatchEngine<'m> {
             self.caches = self
                 .model
                 .make_cache()
-                .iter()
-                .map(|c| match c.as_arrays() {
-                    Some(_) => Box::new(ArraysCache::batch(2)) as Box<dyn KvCache>,
-                    None => Box::new(BatchCache::new()) as Box<dyn KvCache>,
+                .iter_mut()
+                .map(|c| {
+                    let arrays = c.as_arrays().is_some();
+                    match (c.parts_mut(), arrays) {
+                        // A cache list: a batch cache for each of its parts.
+                        (Some(parts), _) => {
+                            let batch = parts.iter().map(|_| Box::new(BatchCache::new()) as Box<dyn KvCache>).collect();
+                            Ok(Box::new(ListCache::new(batch)?) as Box<dyn KvCache>)
+                        }
+                        (None, true) => Ok(Box::new(ArraysCache::batch(2)) as Box<dyn KvCache>),
+                        (None, false) => Ok(Box::new(BatchCache::new()) as Box<dyn KvCache>),
+                    }
                 })
-                .collect();
+                .collect::<Result<_>>()?;
         }
         let (mut tokens, mut logprobs) = match self.pending.take() {
             Some(p) => (vec![p.tokens], p.logprobs),
             None => (Vec::new(), Vec::new()),
         };
-        for (p, first, history) in joined {
-            for (bc, c) in self.caches.iter_mut().zip(&p.cache) {
+        for (mut p, first, history) in joined {
+            for (bc, c) in self.caches.iter_mut().zip(p.cache.iter_mut()) {
+                if let (Some(batch), Some(one)) = (bc.parts_mut(), c.parts_mut()) {
+                    for (b, o) in batch.iter_mut().zip(one.iter()) {
+                        let (k, v) = filled(o.as_ref())?;
+                        batch_cache_mut(b)?.extend(&k, &v)?;
+                    }
+                    continue;
+                }
                 match (bc.as_arrays_mut(), c.as_arrays()) {
                     (Some(batch), Some(one)) => batch.extend(one)?,
                     _ => {
@@ -420,7 +443,12 @@ impl<'m> BatchEngine<'m> {
 /// rotating (sliding-window layers) and chunked (Llama 4) ones are not batched here (mlx-lm's
 /// server cannot batch a `ChunkedKVCache` either).
 pub fn is_batchable(model: &dyn Model) -> bool {
-    model.make_cache().iter().all(|c| c.saved_state().is_ok_and(|(class, _)| class == "KVCache" || class == "ArraysCache"))
+    let class_is = |c: &dyn KvCache, names: &[&str]| c.saved_state().is_ok_and(|(class, _)| names.contains(&class));
+    // A cache list of KV caches (deepseek_v32's) batches part by part.
+    model.make_cache().iter_mut().all(|c| match c.parts_mut() {
+        Some(parts) => parts.iter().all(|p| class_is(p.as_ref(), &["KVCache"])),
+        None => class_is(c.as_ref(), &["KVCache", "ArraysCache"]),
+    })
 }
 
 /// Whether the model has layers whose cache is a recurrent state (mlx-lm's `ArraysCache`), whose

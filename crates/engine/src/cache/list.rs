@@ -33,6 +33,10 @@ impl KvCache for ListCache {
         Some(&mut self.parts)
     }
 
+    fn row_offsets(&self) -> Option<Array> {
+        self.parts[0].row_offsets()
+    }
+
     fn is_trimmable(&self) -> bool {
         self.parts.iter().all(|c| c.is_trimmable())
     }

@@ -81,6 +81,27 @@ fn parse(config: &serde_json::Value) -> Result<Config> {
         m.extend(p.clone());
     }
     let c: Config = serde_json::from_value(merged).map_err(|e| EngineError::Config(e.to_string()))?;
+    let positive = [
+        ("hc_mult", c.hc_mult),
+        ("o_groups", c.o_groups),
+        ("sliding_window", c.sliding_window),
+        ("candidate_block_size", c.candidate_block_size),
+        ("num_experts_per_tok", c.num_experts_per_tok),
+        ("index_topk", c.index_topk),
+        ("hc_sinkhorn_iters", c.hc_sinkhorn_iters),
+    ];
+    if let Some((name, v)) = positive.iter().find(|(_, v)| *v <= 0) {
+        return Err(EngineError::Config(format!("deepseek_v41 needs a positive {name}, not {v}")));
+    }
+    if (c.num_attention_heads * c.head_dim) % c.o_groups != 0 || c.num_experts_per_tok > c.n_routed_experts {
+        return Err(EngineError::Config(format!(
+            "deepseek_v41: o_groups {} must divide heads x head_dim ({}), and num_experts_per_tok {} be at most n_routed_experts {}",
+            c.o_groups,
+            c.num_attention_heads * c.head_dim,
+            c.num_experts_per_tok,
+            c.n_routed_experts
+        )));
+    }
     if !c.engram_layer_ids.is_empty() {
         return Err(EngineError::Config(format!(
             "layers {:?} use engram memory, which deepseek_v41 does not have (nor does mlx-lm)",

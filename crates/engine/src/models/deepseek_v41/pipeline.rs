@@ -46,7 +46,11 @@ pub(super) fn crossing(c: &Config, boundary: i32) -> Crossing {
 
 /// `_entries`: the compressed entries of kv source `source` after `position` tokens.
 fn entries(c: &Config, source: Option<i32>, position: i32) -> i32 {
-    source.map_or(0, |s| position / c.compress_ratios[s as usize])
+    // A source that does not compress (ratio 0) has no entries.
+    match source.and_then(|s| c.compress_ratios.get(s as usize)) {
+        Some(&r) if r > 0 => position / r,
+        _ => 0,
+    }
 }
 
 /// `_index_keys`: the index keys that index layer `layer` scores after `position` tokens.
