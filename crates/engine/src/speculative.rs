@@ -235,7 +235,21 @@ fn step_padded(
 
 /// Whether speculation can rewind `cache`: every layer trims, or keeps a recurrent state.
 fn rewindable(cache: &[Box<dyn KvCache>]) -> bool {
-    cache.iter().all(|c| c.is_trimmable() || c.as_arrays().is_some())
+    unrewindable(cache).is_none()
+}
+
+/// The class (mlx-lm's name) of the first layer cache speculation cannot rewind, if any.
+fn unrewindable(cache: &[Box<dyn KvCache>]) -> Option<&'static str> {
+    let c = cache.iter().find(|c| !(c.is_trimmable() || c.as_arrays().is_some()))?;
+    Some(c.saved_state().map_or("layer cache", |(class, _)| class))
+}
+
+/// The error for a `whose` cache that speculation cannot rewind.
+fn cannot_rewind(whose: &str, cache: &[Box<dyn KvCache>]) -> EngineError {
+    EngineError::Invalid(format!(
+        "speculative decoding needs caches it can rewind, and the {whose}'s {} cannot be trimmed (a rotating --max-kv-size cache, or a model whose own cache cannot: DeepSeek-V4.1's)",
+        unrewindable(cache).unwrap_or("cache")
+    ))
 }
 
 /// Leaves `cache`, which was just fed `fed`, holding only the first `kept` of them: a trim of the
@@ -379,7 +393,7 @@ impl<'m> SpeculativeGenerator<'m> {
             return invalid("the number of draft tokens must be at least 1");
         }
         if !rewindable(&cache) {
-            return invalid("speculative decoding needs a trimmable KV cache (not a rotating one)");
+            return Err(cannot_rewind("model", &cache));
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
@@ -391,7 +405,7 @@ impl<'m> SpeculativeGenerator<'m> {
             Draft::Model { model: d, cache: dc } => {
                 config.sampler.validate_vocab(d.vocab_size())?;
                 if !rewindable(dc) {
-                    return invalid("speculative decoding needs a trimmable draft KV cache (not a rotating one)");
+                    return Err(cannot_rewind("draft model", dc));
                 }
                 prefill(*d, dc, &all, step, kv_quant, |_| Ok(()))?;
             }
