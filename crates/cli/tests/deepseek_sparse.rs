@@ -360,36 +360,9 @@ fn chunked_prefill_matches_mlx_lm() {
 /// per-row RoPE offsets, the indexer masked per row), give the greedy tokens each gives alone.
 #[test]
 fn batched_sequences_match_their_runs_alone() {
-    use engine::batch::{BatchEngine, SeqParams, StepToken};
-    use engine::{GenerateConfig, Generator, LoadedModel};
+    use engine::LoadedModel;
     let m = LoadedModel::load(&model("dsv32-interleave-f32")).unwrap();
     assert!(engine::batch::is_batchable(m.model.as_ref()), "a cache list of KV caches batches");
     let prompts: Vec<Vec<u32>> = [5usize, 40, 17].iter().map(|&n| (0..n as u32).map(|i| (i * 37 + n as u32) % 400 + 3).collect()).collect();
-    let (joins, lens) = ([0usize, 0, 4], [20usize, 12, 16]);
-    let alone: Vec<Vec<u32>> = prompts
-        .iter()
-        .zip(lens)
-        .map(|(p, n)| {
-            let config = GenerateConfig { max_tokens: Some(n), ..GenerateConfig::default() };
-            Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
-        })
-        .collect();
-    let mut engine = BatchEngine::new(m.model.as_ref(), 32, None);
-    let mut got = vec![Vec::new(); prompts.len()];
-    for step in 0..200 {
-        for i in (0..prompts.len()).filter(|&i| joins[i] == step) {
-            engine.add(i as u64, prompts[i].clone(), SeqParams { sampler: Default::default(), keys: None, logprobs: false }).unwrap();
-        }
-        for StepToken { id, token, .. } in engine.step().unwrap() {
-            let g = &mut got[id as usize];
-            g.push(token);
-            if g.len() == lens[id as usize] {
-                engine.finish(id);
-            }
-        }
-        if engine.is_idle() && step > joins[2] {
-            break;
-        }
-    }
-    assert_eq!(got, alone, "batched sequences differ from their runs alone");
+    common::assert_batched_equal_alone(&m, "dsv32-interleave-f32", &prompts, &[0, 0, 4], &[20, 12, 16], 32);
 }

@@ -338,42 +338,14 @@ fn rejected_drafts_leave_plain_decodings_state() {
 /// tokens of their run alone.
 #[test]
 fn sixteen_batched_sequences_match_their_runs_alone() {
-    use engine::batch::{BatchEngine, SeqParams, StepToken};
     for v in ["qwen35-f32", "qwen35moe-q4g32"] {
         let m = engine::LoadedModel::load(&model(v)).unwrap();
         let n = 16usize;
         let prompts: Vec<Vec<u32>> = (0..n).map(|i| (0..(3 + 5 * i) as u32).map(|j| (j * 37 + 11 * i as u32) % 400 + 3).collect()).collect();
         let joins: Vec<usize> = (0..n).map(|i| i % 3).collect();
         let lens: Vec<usize> = (0..n).map(|i| 16 + (i * 7) % 13).collect();
-        let alone: Vec<Vec<u32>> = prompts
-            .iter()
-            .zip(&lens)
-            .map(|(p, &len)| {
-                let config = engine::GenerateConfig { max_tokens: Some(len), ..engine::GenerateConfig::default() };
-                engine::Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
-            })
-            .collect();
-        let mut batch = BatchEngine::new(m.model.as_ref(), 512, None);
-        let mut got = vec![Vec::new(); n];
-        let mut most = 0;
-        for step in 0..400 {
-            for i in (0..n).filter(|&i| joins[i] == step) {
-                batch.add(i as u64, prompts[i].clone(), SeqParams { sampler: Default::default(), keys: None, logprobs: false }).unwrap();
-            }
-            for StepToken { id, token, .. } in batch.step().unwrap() {
-                let g = &mut got[id as usize];
-                g.push(token);
-                if g.len() == lens[id as usize] {
-                    batch.finish(id);
-                }
-            }
-            most = most.max(batch.len().0);
-            if batch.is_idle() && step > *joins.iter().max().unwrap() {
-                break;
-            }
-        }
+        let most = common::assert_batched_equal_alone(&m, v, &prompts, &joins, &lens, 512);
         assert_eq!(most, n, "{v}: at most {most} sequences ran together");
-        assert_eq!(got, alone, "{v}: batched sequences differ from their runs alone");
         eprintln!("{v}: {n} batched sequences (up to {most} at once) equal their runs alone");
     }
 }

@@ -357,3 +357,39 @@ pub fn llama4_mistral3_models_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| script_models_dir("make_llama4_mistral3.py", &[], "llama4-mistral3-models"))
 }
+
+/// Continuous batching against each sequence alone: sequence i joins the batch (room for
+/// `max_batch` rows) at step `joins[i]`, is decoded greedily and leaves after `lens[i]` tokens;
+/// asserts that each gives the tokens of its run alone, and returns how many ran at once at most.
+pub fn assert_batched_equal_alone(m: &engine::LoadedModel, label: &str, prompts: &[Vec<u32>], joins: &[usize], lens: &[usize], max_batch: usize) -> usize {
+    use engine::batch::{BatchEngine, SeqParams, StepToken};
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(lens)
+        .map(|(p, &n)| {
+            let config = engine::GenerateConfig { max_tokens: Some(n), ..engine::GenerateConfig::default() };
+            engine::Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
+        })
+        .collect();
+    let mut batch = BatchEngine::new(m.model.as_ref(), max_batch, None);
+    let mut got = vec![Vec::new(); prompts.len()];
+    let (mut most, last_join) = (0, joins.iter().copied().max().unwrap_or(0));
+    for step in 0..400 {
+        for i in (0..prompts.len()).filter(|&i| joins[i] == step) {
+            batch.add(i as u64, prompts[i].clone(), SeqParams { sampler: Default::default(), keys: None, logprobs: false }).unwrap();
+        }
+        for StepToken { id, token, .. } in batch.step().unwrap() {
+            let g = &mut got[id as usize];
+            g.push(token);
+            if g.len() == lens[id as usize] {
+                batch.finish(id);
+            }
+        }
+        most = most.max(batch.len().0);
+        if batch.is_idle() && step > last_join {
+            break;
+        }
+    }
+    assert_eq!(got, alone, "{label}: batched sequences differ from their runs alone");
+    most
+}
