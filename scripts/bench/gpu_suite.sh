@@ -14,6 +14,8 @@
 #   gpu_suite.sh round  speculative rounds on the shapes (issue 19): a Llama-3.2-3B drafting for itself (round cost,
 #                       every draft accepted, with MLX_GEN_TRACE's stage split), prompt lookup on the code-editing
 #                       prompt and on a random one (the fallback), each against plain decoding in the same bench run
+#   gpu_suite.sh constrained  JSON-schema decoding vs free, CLI and server at 1/8 streams (issue 21); $TOK = a
+#                       folder with Qwen2.5's tokenizer.json + tokenizer_config.json (default /tmp/tok)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -111,7 +113,12 @@ round)
   b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   echo "== the same with MLX_GEN_TRACE=1 (a device sync after the draft: stage split)"
   MLX_GEN_TRACE=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  echo "== the same, verification not padded (MLX_GEN_VERIFY_PAD=1): 5 positions instead of 8"
+  MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  MLX_GEN_TRACE=1 MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 128 -n 1 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   for d in "$d06" "$d3"; do
+    echo "== $(basename "$d") prompt lookup 3, K=4, code-editing prompt, pipelined rounds (MLX_GEN_SPEC_PIPELINE=1), every round"
+    MLX_GEN_SPEC_PIPELINE=1 b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens 4 --always-speculate
     for k in 4 8; do
       echo "== $(basename "$d") prompt lookup 3, K=$k, code-editing prompt, with the fallback / every round"
       b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k
@@ -153,6 +160,23 @@ fidelity)
   dirs=(); for s in ${SHAPES:-qwen3-0.6b llama-3.2-3b}; do dirs+=("$(shape_dir "$s")"); done
   python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m ${TOKENS:-256} "${dirs[@]}" | tee "$out/fidelity.jsonl"
   ;;
-*) echo "unknown section $section (perf, more, spec, round, serve, big, check, moe, hybrid, fidelity)"; exit 2 ;;
+constrained)
+  # Issue 21's cost: decode with a JSON schema (llguidance masks) against free decoding, Qwen3-0.6B shape with
+  # Qwen2.5's real 151k-token vocabulary ($TOK holds tokenizer.json + tokenizer_config.json), 3 alternating
+  # rounds of 256 tokens on the CLI, then the server at 1 and 8 streams, free and every request constrained.
+  d=$models/qwen3-0.6b-qwentok
+  [ -f "$d/config.json" ] || { python3 bench/make_shape.py qwen3-0.6b "$d" --bits 4 --dtype bfloat16 >/dev/null; cp "${TOK:-/tmp/tok}"/tokenizer*.json "$d/"; }
+  echo '{"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}' > /tmp/schema.json
+  tps() { python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['generation_tps'],1), d['generation_tokens'])"; }
+  for r in 1 2 3; do
+    echo "round $r free:        $(./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json | tps)"
+    echo "round $r json schema: $(./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json --json-schema /tmp/schema.json | tps)"
+  done
+  for r in 1 2; do
+    timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --out "$out/serve_free_$r.json" | tail -4
+    timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --json-schema /tmp/schema.json --out "$out/serve_schema_$r.json" | tail -4
+  done
+  ;;
+*) echo "unknown section $section (perf, more, spec, round, serve, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -30,6 +30,7 @@ deadline, and the servers it started are stopped when it ends.
   python3 scripts/bench/server_load.py --model PATH [--server mlx-gen,mlx_lm] [--concurrency 1,8,32]
       [--max-tokens 128] [--prompt-words 48] [--rounds 1] [--mlx-gen BIN] [--json FILE]
       [--long-every K --long-prompt-words N] [--stagger-ms MS] [--max-ttft-ratio R]
+      [--json-schema FILE]   (every request constrained to the schema: the cost of constrained streams)
 """
 
 import argparse
@@ -129,6 +130,9 @@ def one_stream(host, port, prompt_index, args, api_key, words=None):
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     if args.model_field:
         body["model"] = args.model_field
+    if args.json_schema:
+        with open(args.json_schema) as f:
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": json.load(f), "strict": True}}
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -312,6 +316,7 @@ def main():
     ap.add_argument("--long-prompt-words", type=int, default=600, help="the long prompts' length in words")
     ap.add_argument("--stagger-ms", type=float, default=0.0, help="stream i of a round starts i times this later")
     ap.add_argument("--vary-words", type=int, default=0, help="round r's prompts are r times this many words longer (new shapes every round)")
+    ap.add_argument("--json-schema", default=None, help="a JSON schema file: every request asks for it as response_format json_schema (constrained decoding; mlx-gen only)")
     ap.add_argument("--max-ttft-ratio", type=float, default=None, help="fail when a level's worst round TTFT is above this times the median round's")
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument("--startup-timeout", type=float, default=600.0)
