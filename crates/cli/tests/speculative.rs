@@ -225,6 +225,18 @@ fn a_draft_with_another_vocabulary_is_refused() {
         let out = common::mlx_gen(&a, None);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
+    // A speculation setting in the environment that is not a value it takes: one error line.
+    for (var, value) in [("MLX_GEN_SPEC_PIPELINE", "yes"), ("MLX_GEN_VERIFY_PAD", "eight")] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
+            .args(["generate", "--model", dir.to_str().unwrap(), "--prompt-lookup", "2", "--max-tokens", "4"])
+            .env(var, value)
+            .output()
+            .expect("spawn mlx-gen");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{var}={value}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one error line: {err}");
+        assert!(err.contains(var) && err.contains(value), "{err}");
+    }
 }
 
 #[test]
