@@ -9,7 +9,8 @@
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
-#   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-35b-a3b) side by side, prompt 512 and 4096, same MLX settings (issue 18)
+#   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
+#                       ROUNDS), same MLX settings, then mlx-gen without its recurrence kernel (issue 18)
 #   gpu_suite.sh fidelity  greedy GPU tokens, fused and unfused, against mlx-lm's (issue 22)
 #   gpu_suite.sh round  speculative rounds on the shapes (issue 19): a Llama-3.2-3B drafting for itself (round cost,
 #                       every draft accepted, with MLX_GEN_TRACE's stage split), prompt lookup on the code-editing
@@ -148,10 +149,12 @@ hybrid)
   s=${SHAPE:-qwen3.5-9b}
   d=$models/$s-4bit-bfloat16
   [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 >/dev/null
-  for p in 512 4096; do
+  for p in ${PROMPTS:-512 4096}; do
     MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
-        -p $p -g 256 -n 2 --rounds 3 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_${s}_p$p.json"
+        -p $p -g 256 -n 2 --rounds ${ROUNDS:-3} --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_${s}_p$p.json"
   done
+  echo "== mlx-gen, the recurrence one compiled step per position (MLX_GEN_GDN_KERNEL=0), -p 512:" \
+       "$(MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_GDN_KERNEL=0 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
   [ -n "${KEEP:-}" ] || rm -rf "$models/$s-4bit-bfloat16"
   ;;
 fidelity)

@@ -3,7 +3,7 @@
 
 Usage: make_shape.py SHAPE OUTDIR [--bits 4] [--group-size 64] [--dtype bfloat16]
 SHAPE: smollm2-135m | qwen3-0.6b | llama-3.2-3b | qwen2.5-7b | deepseek-v2-lite | qwen3-30b-a3b |
-mixtral-8x7b | qwen3.5-9b | qwen3.5-35b-a3b. The weights are mlx-lm's own random
+mixtral-8x7b | qwen3.5-2b | qwen3.5-9b | qwen3.5-35b-a3b. The weights are mlx-lm's own random
 initialisation (seed 0), quantized with mlx-lm's quantize_model, saved with its save functions; the
 tokenizer is the tiny test tokenizer (benchmarks feed random token ids). Both mlx-gen and mlx-lm load
 the same folder.
@@ -57,6 +57,15 @@ SHAPES = {
                        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
                        linear_conv_kernel_dim=4, full_attention_interval=4, vocab_size=248320, rms_norm_eps=1e-6,
                        tie_word_embeddings=False, max_position_embeddings=262144,
+                       rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                                            mrope_section=[11, 11, 10])),
+    # A small Qwen3.5 (about 2B; an approximate shape, with the 9B's 16 key / 32 value linear heads): quick
+    # to make on the device for the recurrence kernel's checks
+    "qwen3.5-2b": dict(model_type="qwen3_5", hidden_size=2048, num_hidden_layers=24, intermediate_size=6144,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                       linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_conv_kernel_dim=4, full_attention_interval=4, vocab_size=248320, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, max_position_embeddings=262144,
                        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
                                             mrope_section=[11, 11, 10])),
     # Qwen3.5-35B-A3B-shaped: 256 experts, top-8, a shared expert, on every layer

@@ -3,6 +3,8 @@
 // as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless).
 #include "shim.h"
 
+#include <mlx/backend/cuda/cuda.h>
+#include <mlx/backend/metal/metal.h>
 #include <mlx/mlx.h>
 
 #include <functional>
@@ -76,7 +78,132 @@ std::vector<mx::array> delta_step(const std::vector<mx::array>& in) {
   return {mx::astype(y, q.dtype()), state};
 }
 
+// The whole recurrence of a layer over T positions in one GPU kernel: one warp (SIMD group) per
+// (batch row, value head, value row), each lane holding Dk/32 of the row's state in registers;
+// per position the decay, the two dot products over Dk (lane sums, then a warp reduction), the
+// delta and the readout. It is mlx-lm's Metal kernel (`_make_gated_delta_kernel` in gated_delta.py)
+// with T read from q's shape; q and k are per key head (no repeat: hk = hv / (Hv / Hk)).
+// Inputs: q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); g, beta (B, T, Hv); state_in (B, Hv, Dv, Dk);
+// mask (B, T) when MASKED. Outputs: y (B, T, Hv, Dv) in q's dtype, state_out like state_in.
+std::string delta_kernel_body(bool cuda, bool masked) {
+  std::string lane = cuda ? "threadIdx.x" : "thread_position_in_threadgroup.x";
+  std::string row = cuda ? "(blockIdx.y * blockDim.y + threadIdx.y)" : "thread_position_in_grid.y";
+  std::string head = cuda ? "blockIdx.z" : "thread_position_in_grid.z";
+  std::string reduce = cuda
+      ? "for (int o = 16; o > 0; o /= 2) { kv_mem += __shfl_xor_sync(0xffffffff, kv_mem, o); }"
+      : "kv_mem = simd_sum(kv_mem);";
+  std::string reduce_out = cuda
+      ? "for (int o = 16; o > 0; o /= 2) { out += __shfl_xor_sync(0xffffffff, out, o); }"
+      : "out = simd_sum(out);";
+  std::string keep = masked ? "mask[b_idx * T + t]" : "true";
+  return R"(
+  const int T = q_shape[1];
+  const int n = )" + head + R"(;
+  const int b_idx = n / Hv;
+  const int hv_idx = n % Hv;
+  const int hk_idx = hv_idx / (Hv / Hk);
+  constexpr int n_per_t = Dk / 32;
+  const int dk_idx = )" + lane + R"(;
+  const int dv_idx = )" + row + R"(;
+  if (dv_idx >= Dv) { return; }
+  auto q_ = q + b_idx * T * Hk * Dk + hk_idx * Dk;
+  auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
+  auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
+  auto y_ = y + b_idx * T * Hv * Dv + hv_idx * Dv;
+  auto i_state = state_in + (n * Dv + dv_idx) * Dk;
+  auto o_state = state_out + (n * Dv + dv_idx) * Dk;
+  float st[n_per_t];
+  for (int i = 0; i < n_per_t; ++i) {
+    st[i] = static_cast<float>(i_state[n_per_t * dk_idx + i]);
+  }
+  auto g_ = g + b_idx * T * Hv;
+  auto beta_ = beta + b_idx * T * Hv;
+  for (int t = 0; t < T; ++t) {
+    if ()" + keep + R"() {
+      float kv_mem = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        const int s_idx = n_per_t * dk_idx + i;
+        st[i] = st[i] * static_cast<float>(g_[hv_idx]);
+        kv_mem += st[i] * static_cast<float>(k_[s_idx]);
+      }
+      )" + reduce + R"(
+      const float delta = (static_cast<float>(v_[dv_idx]) - kv_mem) * static_cast<float>(beta_[hv_idx]);
+      float out = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        const int s_idx = n_per_t * dk_idx + i;
+        st[i] = st[i] + static_cast<float>(k_[s_idx]) * delta;
+        out += st[i] * static_cast<float>(q_[s_idx]);
+      }
+      )" + reduce_out + R"(
+      if (dk_idx == 0) { y_[dv_idx] = static_cast<InT>(out); }
+    } else if (dk_idx == 0) {
+      y_[dv_idx] = static_cast<InT>(0.0f);
+    }
+    q_ += Hk * Dk;
+    k_ += Hk * Dk;
+    v_ += Hv * Dv;
+    y_ += Hv * Dv;
+    g_ += Hv;
+    beta_ += Hv;
+  }
+  for (int i = 0; i < n_per_t; ++i) {
+    o_state[n_per_t * dk_idx + i] = static_cast<StT>(st[i]);
+  }
+)";
+}
+
+// The kernel for this backend (built once per variant, never destroyed).
+const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
+  static const mx::fast::CustomKernelFunction* kernels[2] = {nullptr, nullptr};
+  auto& slot = kernels[masked ? 1 : 0];
+  if (slot == nullptr) {
+    std::vector<std::string> inputs{"q", "k", "v", "g", "beta", "state_in"};
+    if (masked) {
+      inputs.push_back("mask");
+    }
+    std::string name = masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta";
+    bool cuda = mx::cu::is_available();
+    slot = new mx::fast::CustomKernelFunction(
+        cuda ? mx::fast::cuda_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(true, masked))
+             : mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(false, masked)));
+  }
+  return *slot;
+}
+
 }  // namespace
+
+int mlxs_gated_delta_kernel_available(void) {
+  try {
+    return mx::default_device() == mx::Device::gpu && (mx::cu::is_available() || mx::metal::is_available()) ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
+                            const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
+                            const mlxs_array mask) {
+  return rguard([&] {
+    const auto &qa = rarr(q), &ka = rarr(k), &va = rarr(v), &st = rarr(state);
+    if (qa.ndim() != 4 || ka.shape() != qa.shape() || va.ndim() != 4 || st.ndim() != 4) {
+      throw std::invalid_argument("gated delta kernel: q, k (B, T, Hk, Dk), v (B, T, Hv, Dv), state (B, Hv, Dv, Dk)");
+    }
+    int b = qa.shape(0), hk = qa.shape(2), dk = qa.shape(3), hv = va.shape(2), dv = va.shape(3);
+    if (dk % 32 != 0 || hv % hk != 0 || st.shape() != mx::Shape{b, hv, dv, dk}) {
+      throw std::invalid_argument("gated delta kernel: Dk must be a multiple of 32, Hv of Hk, and the state (B, Hv, Dv, Dk)");
+    }
+    std::vector<mx::array> in{qa, ka, va, rarr(g), rarr(beta), st};
+    if (mask != nullptr) {
+      in.push_back(rarr(mask));
+    }
+    auto outs = delta_kernel(mask != nullptr)(
+        in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {32, dv, b * hv}, {32, 4, 1},
+        {{"InT", qa.dtype()}, {"StT", st.dtype()}, {"Dk", dk}, {"Dv", dv}, {"Hk", hk}, {"Hv", hv}}, std::nullopt, false,
+        {});
+    *y = rwrap(outs[0]);
+    *state_out = rwrap(outs[1]);
+  });
+}
 
 int mlxs_conv1d(mlxs_array* out, const mlxs_array x, const mlxs_array w, int stride, int padding, int dilation,
                 int groups) {

@@ -106,6 +106,13 @@ int mlxs_gated_delta_g(mlxs_array* out, const mlxs_array a_log, const mlxs_array
 int mlxs_gated_delta_step(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
                           const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
                           const mlxs_array mask);
+/* the whole recurrence over T positions as one GPU kernel (CUDA or Metal, through MLX's custom
+   kernel API): q, k (B, T, Hk, Dk), v (B, T, Hv, Dv), g, beta (B, T, Hv), state (B, Hv, Dv, Dk),
+   mask (B, T) bool or NULL -> y (B, T, Hv, Dv), the new state. Available on a GPU default device. */
+int mlxs_gated_delta_kernel_available(void);
+int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
+                            const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
+                            const mlxs_array mask);
 int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x);
 /* rope from position `offset`, or from offsets[b] for batch row b when `offsets` (B,) int32 is given */
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,

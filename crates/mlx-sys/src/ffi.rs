@@ -168,6 +168,18 @@ extern "C" {
         -> c_int;
     pub fn mlxs_repeat(out: *mut mlxs_array, a: mlxs_array, repeats: c_int, axis: c_int) -> c_int;
     pub fn mlxs_gated_delta_g(out: *mut mlxs_array, a_log: mlxs_array, a: mlxs_array, dt_bias: mlxs_array) -> c_int;
+    pub fn mlxs_gated_delta_kernel_available() -> c_int;
+    pub fn mlxs_gated_delta_kernel(
+        y: *mut mlxs_array,
+        state_out: *mut mlxs_array,
+        q: mlxs_array,
+        k: mlxs_array,
+        v: mlxs_array,
+        g: mlxs_array,
+        beta: mlxs_array,
+        state: mlxs_array,
+        mask: mlxs_array,
+    ) -> c_int;
     pub fn mlxs_gated_delta_step(
         y: *mut mlxs_array,
         state_out: *mut mlxs_array,

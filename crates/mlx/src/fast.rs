@@ -41,6 +41,32 @@ pub fn gated_delta_step(
     Ok((Array::from_handle(y), Array::from_handle(s)))
 }
 
+/// Whether [`gated_delta_kernel`] runs here (the default device is a CUDA or Metal GPU).
+pub fn gated_delta_kernel_available() -> bool {
+    sys::gated_delta_kernel_available()
+}
+
+/// The gated-delta recurrence of a whole prompt as one GPU kernel (mlx-lm's Metal kernel, also
+/// on CUDA): q, k (B, T, Hk, Dk) per key head, v (B, T, Hv, Dv), g and beta (B, T, Hv), state
+/// (B, Hv, Dv, Dk), mask (B, T) bool -> y (B, T, Hv, Dv) in q's dtype and the new state. Its sums
+/// over Dk run in another order than [`gated_delta_step`]'s (float32 rounding apart).
+#[track_caller]
+pub fn gated_delta_kernel(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    g: &Array,
+    beta: &Array,
+    state: &Array,
+    mask: Option<&Array>,
+) -> Result<(Array, Array)> {
+    let (y, s) = ctx(
+        "gated_delta_kernel",
+        sys::gated_delta_kernel(q.handle(), k.handle(), v.handle(), g.handle(), beta.handle(), state.handle(), mask.map(Array::handle)),
+    )?;
+    Ok((Array::from_handle(y), Array::from_handle(s)))
+}
+
 #[track_caller]
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     ctx("rms_norm", sys::rms_norm(x.handle(), weight.map(Array::handle), eps)).map(Array::from_handle)

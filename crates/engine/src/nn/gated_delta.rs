@@ -2,8 +2,8 @@
 //! `in_proj_qkvz` / `in_proj_ba` projections) and `GatedDeltaNet` (qwen3_5.py, separate
 //! `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`) compute it: a short causal depthwise
 //! convolution over q/k/v, L2-normalised q/k, the gated delta rule recurrence of gated_delta.py
-//! (its ops path, one compiled step per position, which is also what it runs off Metal), and the
-//! gated RMS norm. Its state lives in an [`ArraysCache`]: [0] the convolution's last K-1 inputs,
+//! (its ops path, one compiled step per position, on the CPU; on a GPU one kernel for the whole
+//! prompt, as mlx-lm runs on Metal), and the gated RMS norm. Its state lives in an [`ArraysCache`]: [0] the convolution's last K-1 inputs,
 //! [1] the recurrent matrix (B, Hv, Dv, Dk) in float32.
 use super::{Linear, QuantConfig};
 use crate::cache::ArraysCache;
@@ -175,9 +175,20 @@ pub fn normalize_qk(q: &Array, k: &Array, inv_scale: f64, eps: f64) -> Result<(A
     Ok((q, k))
 }
 
-/// gated_delta.py's `gated_delta_update` on its ops path: q, k (B, T, Hk, Dk), v (B, T, Hv, Dv),
-/// a and b (B, T, Hv), state (B, Hv, Dv, Dk) or none yet, mask (B, T) -> y (B, T, Hv, Dv) and the
-/// new state.
+/// Whether the recurrence runs as one GPU kernel ([`fast::gated_delta_kernel`], mlx-lm's Metal
+/// kernel, also on CUDA, where MLX 0.32.4 has none and mlx-lm runs one compiled step per position):
+/// on a GPU, for key heads of a multiple of 32 (as mlx-lm's condition), unless
+/// `MLX_GEN_GDN_KERNEL=0` keeps the per-position steps (mlx-lm's ops path, bit for bit).
+fn recurrence_kernel(dk: i32) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("MLX_GEN_GDN_KERNEL").is_some_and(|v| v == "0"));
+    !off && dk >= 32 && dk % 32 == 0 && fast::gated_delta_kernel_available()
+}
+
+/// gated_delta.py's `gated_delta_update`: q, k (B, T, Hk, Dk), v (B, T, Hv, Dv), a and b (B, T, Hv),
+/// state (B, Hv, Dv, Dk) or none yet, mask (B, T) -> y (B, T, Hv, Dv) and the new state. On the
+/// CPU (and with `MLX_GEN_GDN_KERNEL=0`) its ops path, one compiled step per position; on a GPU
+/// one kernel for all positions ([`recurrence_kernel`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_update(
     q: &Array,
@@ -198,6 +209,9 @@ pub fn gated_delta_update(
         Some(s) => s.clone(),
         None => ops::zeros(&[bsz, hv, dv, dk], Dtype::F32)?,
     };
+    if recurrence_kernel(dk) {
+        return Ok(fast::gated_delta_kernel(q, k, v, &g, &beta, &state, mask)?);
+    }
     let (q, k) = match hv / hk {
         r if r > 1 => (q.repeat(r, -2)?, k.repeat(r, -2)?),
         _ => (q.clone(), k.clone()),
