@@ -11,13 +11,14 @@
 //! as mlx-lm's server does. A sequence
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
-//! the CPU while the device runs it (one host sync per step, as without constraints).
+//! the CPU while the device runs it (one host sync per step, as without constraints), each
+//! constrained row on its own thread.
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
 use crate::prefill::prefill_chunk;
-use crate::sample::constraint::{apply_mask, TokenConstraint};
+use crate::sample::constraint::{apply_mask, commit_and_mask, TokenConstraint};
 use crate::sample::SamplerConfig;
 use mlx::random::KeySeq;
 use mlx::{async_eval, ops, Array};
@@ -189,16 +190,7 @@ impl<'m> BatchEngine<'m> {
             async_eval(&[&logits])?;
             let ids = current.tokens.to_vec::<u32>()?;
             let vocab = self.model.vocab_size() as usize;
-            let mut masks = Vec::with_capacity(self.rows.len());
-            for (row, &token) in self.rows.iter_mut().zip(&ids) {
-                masks.push(match row.constraint.as_mut() {
-                    Some(c) => {
-                        c.commit(token)?;
-                        Some(c.allowed(vocab)?)
-                    }
-                    None => None,
-                });
-            }
+            let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
             let next = self.sample_rows(&current.tokens, &logits, Some(&masks))?;
             self.queue(next)?;
             ids

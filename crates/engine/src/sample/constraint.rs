@@ -37,6 +37,32 @@ pub fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array> {
     Ok(ops::where_(&mask, logits, &neg_inf)?)
 }
 
+/// Commits each row's chosen token to its constraint and computes the row's next mask: `rows` pairs
+/// each constraint (none for a free row) with its token. Rows run on their own threads when more
+/// than one is constrained (each mask is a walk of its own grammar over the whole vocabulary, and a
+/// batch step waits for the slowest), in the order given otherwise.
+pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, vocab: usize) -> Result<Vec<Option<Vec<bool>>>> {
+    let step = |c: Option<&mut Box<dyn TokenConstraint>>, token: u32| -> Result<Option<Vec<bool>>> {
+        match c {
+            Some(c) => {
+                c.commit(token)?;
+                Ok(Some(c.allowed(vocab)?))
+            }
+            None => Ok(None),
+        }
+    };
+    if rows.iter().filter(|(c, _)| c.is_some()).count() < 2 {
+        return rows.into_iter().map(|(c, t)| step(c, t)).collect();
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = rows.into_iter().map(|(c, t)| scope.spawn(move || step(c, t))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(EngineError::Invalid("a constraint's mask computation panicked".into()))))
+            .collect()
+    })
+}
+
 /// The masks of a speculative round's positions (the pending token's, then one after each draft
 /// token), `drafted.len() + 1` rows of `vocab` flags, from `c` advanced along the drafts while it
 /// allows them; past a draft it refuses, the rows repeat the last mask (that draft is rejected at
@@ -64,6 +90,49 @@ pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Allows the tokens that differ from the last committed one; refuses token 99.
+    struct NotAgain(Option<u32>);
+
+    impl TokenConstraint for NotAgain {
+        fn allowed(&mut self, vocab: usize) -> Result<Vec<bool>> {
+            Ok((0..vocab as u32).map(|t| Some(t) != self.0).collect())
+        }
+        fn commit(&mut self, token: u32) -> Result<()> {
+            if token == 99 {
+                return Err(EngineError::Invalid("token 99 refused".into()));
+            }
+            self.0 = Some(token);
+            Ok(())
+        }
+        fn rollback(&mut self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn note(&self) -> Option<String> {
+            None
+        }
+    }
+
+    #[test]
+    fn rows_are_committed_and_masked_in_order_on_threads() {
+        let mut cs: Vec<Box<dyn TokenConstraint>> = (0..6).map(|_| Box::new(NotAgain(None)) as Box<dyn TokenConstraint>).collect();
+        let mut it = cs.iter_mut();
+        // Rows: constrained, free, constrained x 5 (threads), each with its own token.
+        let mut rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)> = vec![(it.next(), 0), (None, 1)];
+        rows.extend(it.enumerate().map(|(i, c)| (Some(c), i as u32 + 2)));
+        let masks = commit_and_mask(rows, 8).expect("masks");
+        assert_eq!(masks.len(), 7);
+        assert!(masks[1].is_none());
+        for (row, token) in [(0usize, 0usize), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)] {
+            let m = masks[row].as_ref().expect("a constrained row's mask");
+            assert!(!m[token] && m.iter().filter(|&&a| a).count() == 7, "row {row}: {m:?}");
+        }
+        // A row's error is the call's error, on one thread or several.
+        let mut a: Box<dyn TokenConstraint> = Box::new(NotAgain(None));
+        let mut b: Box<dyn TokenConstraint> = Box::new(NotAgain(None));
+        assert!(commit_and_mask(vec![(Some(&mut a), 99)], 8).is_err());
+        assert!(commit_and_mask(vec![(Some(&mut a), 1), (Some(&mut b), 99)], 8).is_err());
+    }
 
     #[test]
     fn masked_tokens_become_neg_inf_and_keep_dtype() {
