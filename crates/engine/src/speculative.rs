@@ -21,7 +21,7 @@
 //! models; here the states are kept before each forward pass that may be rejected in part, and a
 //! rejection puts them back and runs the accepted tokens through the model again (their logits
 //! unused), which leaves every cache as plain decoding of the same tokens would.
-use crate::cache::{can_trim_prompt_cache, maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, Caches, KvCache};
+use crate::cache::{can_trim_prompt_cache, trim_prompt_cache, ArraysCache, Caches, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
@@ -32,7 +32,11 @@ use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
 use std::time::Instant;
 
+mod parts;
 mod pipelined;
+
+use parts::{cannot_rewind, rewind, rewindable, step, step_padded, History};
+pub use parts::prompt_lookup;
 
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {
@@ -133,177 +137,6 @@ struct Trace {
     draft_s: f64,
     verify_s: f64,
     host_s: f64,
-}
-
-/// The logits processors' token history, mlx-lm's `prev_tokens`: a lazy int32 array, kept only
-/// when a penalty reads it, cut at the front to what the penalties read at the end of a round.
-struct History {
-    tokens: Option<Array>,
-    track: bool,
-    keep: Option<usize>,
-}
-
-impl History {
-    fn push(&mut self, t: &Array) -> Result<()> {
-        if !self.track {
-            return Ok(());
-        }
-        let t = t.reshape(&[-1])?.astype(Dtype::I32)?;
-        self.tokens = Some(match self.tokens.take() {
-            Some(h) => ops::concatenate(&[&h, &t], 0)?,
-            None => t,
-        });
-        Ok(())
-    }
-
-    /// `prev_tokens[: size - n]` (`[:-n]` for n > 0).
-    fn drop_last(&mut self, n: usize) -> Result<()> {
-        if let (Some(h), true) = (&self.tokens, n > 0) {
-            let len = h.dim(0);
-            let end = (i64::from(len) - n as i64).max(0) as i32;
-            self.tokens = Some(h.slice_axis(0, 0, end)?);
-        }
-        Ok(())
-    }
-
-    /// Forgets what no penalty will read again (every later trim removes only newer tokens).
-    fn cut_front(&mut self) -> Result<()> {
-        if let (Some(h), Some(k)) = (&self.tokens, self.keep) {
-            let len = h.dim(0);
-            if (k as i64) < i64::from(len) {
-                self.tokens = Some(h.slice_axis(0, len - k as i32, len)?);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// mlx-lm's `_step`: one forward pass over `input` (L,), then the last `n_predict` positions are
-/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab). With
-/// `padded`, the input's first `len - padded` positions are its own and the rest padding (causal
-/// attention keeps them out of the real positions; the caller trims them from the cache).
-fn step(
-    model: &dyn Model,
-    cache: &mut [Box<dyn KvCache>],
-    input: &Array,
-    n_predict: i32,
-    config: &GenerateConfig,
-    history: &mut History,
-) -> Result<(Array, Array)> {
-    step_padded(model, cache, input, 0, n_predict, config, history, None)
-}
-
-/// [`step`] over an input whose last `padded` positions are padding, with constrained decoding's
-/// masks (`n_predict` rows of vocab flags) applied to the sampled positions.
-#[allow(clippy::too_many_arguments)]
-fn step_padded(
-    model: &dyn Model,
-    cache: &mut [Box<dyn KvCache>],
-    input: &Array,
-    padded: i32,
-    n_predict: i32,
-    config: &GenerateConfig,
-    history: &mut History,
-    masks: Option<&[bool]>,
-) -> Result<(Array, Array)> {
-    let full = input.dim(0);
-    let logits = model.forward(&input.reshape(&[1, full])?, cache)?; // (1, L, vocab)
-    let (len, input) = (full - padded, &input.slice_axis(0, 0, full - padded)?);
-    let logits = logits.slice_axis(1, len - n_predict, len)?; // (1, n_predict, vocab)
-    maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
-    let sampler = &config.sampler;
-    if sampler.processors.is_empty() {
-        // All positions in one sampler call (one random draw for all of them).
-        return sampler.process_and_sample_masked(&logits.squeeze(&[0])?, None, None, masks);
-    }
-    let vocab = logits.dim(-1) as usize;
-    let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
-    let (mut ys, mut lps) = (Vec::new(), Vec::new());
-    for i in 0..n_predict {
-        history.push(&y)?;
-        let row = logits.slice_axis(1, i, i + 1)?.squeeze(&[1])?; // (1, vocab)
-        let mask = masks.map(|m| &m[i as usize * vocab..(i as usize + 1) * vocab]);
-        let (t, lp) = sampler.process_and_sample_masked(&row, history.tokens.as_ref(), None, mask)?;
-        ys.push(t.clone());
-        lps.push(lp);
-        y = t;
-    }
-    let ys: Vec<&Array> = ys.iter().collect();
-    let lps: Vec<&Array> = lps.iter().collect();
-    Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
-}
-
-/// Whether speculation can rewind `cache`: every layer trims, or keeps a recurrent state.
-fn rewindable(cache: &[Box<dyn KvCache>]) -> bool {
-    unrewindable(cache).is_none()
-}
-
-/// The class (mlx-lm's name) of the first layer cache speculation cannot rewind, if any.
-fn unrewindable(cache: &[Box<dyn KvCache>]) -> Option<&'static str> {
-    let c = cache.iter().find(|c| !(c.is_trimmable() || c.as_arrays().is_some()))?;
-    Some(c.saved_state().map_or("layer cache", |(class, _)| class))
-}
-
-/// The error for a `whose` cache that speculation cannot rewind.
-fn cannot_rewind(whose: &str, cache: &[Box<dyn KvCache>]) -> EngineError {
-    EngineError::Invalid(format!(
-        "speculative decoding needs caches it can rewind, and the {whose}'s {} cannot be trimmed (a rotating --max-kv-size cache, or a model whose own cache cannot: DeepSeek-V4.1's)",
-        unrewindable(cache).unwrap_or("cache")
-    ))
-}
-
-/// Leaves `cache`, which was just fed `fed`, holding only the first `kept` of them: a trim of the
-/// rest, or, with recurrent layers, their states from `before` (taken before `fed`), the other
-/// layers trimmed back as far, and the kept tokens run through `model` again.
-fn rewind(
-    model: &dyn Model,
-    cache: &mut [Box<dyn KvCache>],
-    before: Option<Vec<Option<ArraysCache>>>,
-    fed: &[u32],
-    kept: usize,
-    config: &GenerateConfig,
-) -> Result<()> {
-    if kept >= fed.len() {
-        return Ok(());
-    }
-    let Some(states) = before else {
-        trim_prompt_cache(cache, (fed.len() - kept) as i32)?;
-        return Ok(());
-    };
-    ArraysCache::restore(cache, &states);
-    for c in cache.iter_mut().filter(|c| c.as_arrays().is_none()) {
-        c.trim(fed.len() as i32)?;
-    }
-    if kept > 0 {
-        let ids: Vec<i32> = fed[..kept].iter().map(|&t| t as i32).collect();
-        model.forward(&Array::from_slice(&ids, &[1, kept as i32])?, cache)?;
-        maybe_quantize_kv_cache(cache, config.kv_quant.as_ref())?;
-    }
-    Ok(())
-}
-
-/// The continuation (`max` tokens) of the latest earlier occurrence of the last n-gram of `seq`,
-/// for n from `ngram` down to 1; empty when there is none. A continuation that reaches the end of
-/// `seq` goes on with itself (the pattern from the match to the end repeats: a run of one token
-/// proposes that token `max` times rather than once).
-pub fn prompt_lookup(seq: &[u32], ngram: usize, max: usize) -> Vec<u32> {
-    let len = seq.len();
-    if max == 0 || len < 2 {
-        return Vec::new();
-    }
-    for n in (1..=ngram.min(len - 1)).rev() {
-        let tail = &seq[len - n..];
-        if let Some(i) = (0..len - n).rev().find(|&i| &seq[i..i + n] == tail) {
-            let start = i + n;
-            let mut out: Vec<u32> = Vec::with_capacity(max);
-            for p in start..start + max {
-                // p - len < out.len(), as start < len.
-                out.push(if p < len { seq[p] } else { out[p - len] });
-            }
-            return out;
-        }
-    }
-    Vec::new()
 }
 
 /// Yields generated tokens, a round of speculation at a time; the caller stops it at EOS.
