@@ -452,31 +452,24 @@ pub fn gated_delta_g(a_log: &Handle, a: &Handle, dt_bias: &Handle) -> Result<Han
     make(|o| unsafe { ffi::mlxs_gated_delta_g(o, a_log.raw(), a.raw(), dt_bias.raw()) })
 }
 
-/// Whether [`gated_delta_kernel`] can run: the default device is a GPU (CUDA or Metal).
+/// Whether [`GatedDelta::Kernel`] can run: the default device is a GPU (CUDA or Metal).
 pub fn gated_delta_kernel_available() -> bool {
     unsafe { ffi::mlxs_gated_delta_kernel_available() == 1 }
 }
 
-/// The gated-delta recurrence over all positions as one GPU kernel: (y, new state).
-pub fn gated_delta_kernel(
-    q: &Handle,
-    k: &Handle,
-    v: &Handle,
-    g: &Handle,
-    beta: &Handle,
-    state: &Handle,
-    mask: Option<&Handle>,
-) -> Result<(Handle, Handle)> {
-    let mut state_out: ffi::mlxs_array = ptr::null_mut();
-    let y = make(|o| unsafe {
-        ffi::mlxs_gated_delta_kernel(o, &mut state_out, q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), opt(mask))
-    })?;
-    let state = NonNull::new(state_out).map(Handle).ok_or_else(|| "MLX returned no state".to_owned())?;
-    Ok((y, state))
+/// Which gated-delta function [`gated_delta`] calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedDelta {
+    /// One compiled step (q, k (B, H, Dk), ...).
+    Step,
+    /// The recurrence over all positions as one GPU kernel (q, k (B, T, Hk, Dk), ...).
+    Kernel,
 }
 
-/// One compiled gated-delta step: (y, new state).
-pub fn gated_delta_step(
+/// A gated-delta step or the whole recurrence (see [`GatedDelta`]): (y, new state).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta(
+    how: GatedDelta,
     q: &Handle,
     k: &Handle,
     v: &Handle,
@@ -485,10 +478,12 @@ pub fn gated_delta_step(
     state: &Handle,
     mask: Option<&Handle>,
 ) -> Result<(Handle, Handle)> {
+    let f = match how {
+        GatedDelta::Step => ffi::mlxs_gated_delta_step,
+        GatedDelta::Kernel => ffi::mlxs_gated_delta_kernel,
+    };
     let mut state_out: ffi::mlxs_array = ptr::null_mut();
-    let y = make(|o| unsafe {
-        ffi::mlxs_gated_delta_step(o, &mut state_out, q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), opt(mask))
-    })?;
+    let y = make(|o| unsafe { f(o, &mut state_out, q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), opt(mask)) })?;
     let state = NonNull::new(state_out).map(Handle).ok_or_else(|| "MLX returned no state".to_owned())?;
     Ok((y, state))
 }

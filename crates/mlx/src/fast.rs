@@ -21,11 +21,20 @@ pub fn gated_delta_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Array>
     ctx("gated_delta_g", sys::gated_delta_g(a_log.handle(), a.handle(), dt_bias.handle())).map(Array::from_handle)
 }
 
-/// gated_delta.py's compiled `_gated_delta_step_ops`: q, k (B, H, Dk), v (B, H, Dv), g and beta
-/// (B, H), state (B, H, Dv, Dk), mask (B,) bool -> y (B, H, Dv) in q's dtype and the new state
-/// (the old one where the mask is false).
+pub use sys::GatedDelta;
+
+/// The gated-delta recurrence, as `how` says:
+/// - [`GatedDelta::Step`], gated_delta.py's compiled `_gated_delta_step_ops`: q, k (B, H, Dk),
+///   v (B, H, Dv), g and beta (B, H), state (B, H, Dv, Dk), mask (B,) bool -> y (B, H, Dv) in q's
+///   dtype and the new state (the old one where the mask is false);
+/// - [`GatedDelta::Kernel`], a whole prompt as one GPU kernel (mlx-lm's Metal kernel, also on
+///   CUDA; see [`gated_delta_kernel_available`]): q, k (B, T, Hk, Dk) per key head, v (B, T, Hv,
+///   Dv), g and beta (B, T, Hv), state (B, Hv, Dv, Dk), mask (B, T) bool -> y (B, T, Hv, Dv) and
+///   the new state. Its sums over Dk run in another order than the step's (float32 rounding apart).
 #[track_caller]
-pub fn gated_delta_step(
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta(
+    how: GatedDelta,
     q: &Array,
     k: &Array,
     v: &Array,
@@ -34,37 +43,14 @@ pub fn gated_delta_step(
     state: &Array,
     mask: Option<&Array>,
 ) -> Result<(Array, Array)> {
-    let (y, s) = ctx(
-        "gated_delta_step",
-        sys::gated_delta_step(q.handle(), k.handle(), v.handle(), g.handle(), beta.handle(), state.handle(), mask.map(Array::handle)),
-    )?;
+    let name = if how == GatedDelta::Kernel { "gated_delta_kernel" } else { "gated_delta_step" };
+    let (y, s) = ctx(name, sys::gated_delta(how, q.handle(), k.handle(), v.handle(), g.handle(), beta.handle(), state.handle(), mask.map(Array::handle)))?;
     Ok((Array::from_handle(y), Array::from_handle(s)))
 }
 
-/// Whether [`gated_delta_kernel`] runs here (the default device is a CUDA or Metal GPU).
+/// Whether [`GatedDelta::Kernel`] runs here (the default device is a CUDA or Metal GPU).
 pub fn gated_delta_kernel_available() -> bool {
     sys::gated_delta_kernel_available()
-}
-
-/// The gated-delta recurrence of a whole prompt as one GPU kernel (mlx-lm's Metal kernel, also
-/// on CUDA): q, k (B, T, Hk, Dk) per key head, v (B, T, Hv, Dv), g and beta (B, T, Hv), state
-/// (B, Hv, Dv, Dk), mask (B, T) bool -> y (B, T, Hv, Dv) in q's dtype and the new state. Its sums
-/// over Dk run in another order than [`gated_delta_step`]'s (float32 rounding apart).
-#[track_caller]
-pub fn gated_delta_kernel(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    g: &Array,
-    beta: &Array,
-    state: &Array,
-    mask: Option<&Array>,
-) -> Result<(Array, Array)> {
-    let (y, s) = ctx(
-        "gated_delta_kernel",
-        sys::gated_delta_kernel(q.handle(), k.handle(), v.handle(), g.handle(), beta.handle(), state.handle(), mask.map(Array::handle)),
-    )?;
-    Ok((Array::from_handle(y), Array::from_handle(s)))
 }
 
 #[track_caller]

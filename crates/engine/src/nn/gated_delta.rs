@@ -175,7 +175,7 @@ pub fn normalize_qk(q: &Array, k: &Array, inv_scale: f64, eps: f64) -> Result<(A
     Ok((q, k))
 }
 
-/// Whether the recurrence runs as one GPU kernel ([`fast::gated_delta_kernel`], mlx-lm's Metal
+/// Whether the recurrence runs as one GPU kernel ([`fast::GatedDelta::Kernel`], mlx-lm's Metal
 /// kernel, also on CUDA, where MLX 0.32.4 has none and mlx-lm runs one compiled step per position):
 /// on a GPU, for key heads of a multiple of 32 (as mlx-lm's condition), unless
 /// `MLX_GEN_GDN_KERNEL=0` keeps the per-position steps (mlx-lm's ops path, bit for bit).
@@ -210,7 +210,7 @@ pub fn gated_delta_update(
         None => ops::zeros(&[bsz, hv, dv, dk], Dtype::F32)?,
     };
     if recurrence_kernel(dk) {
-        return Ok(fast::gated_delta_kernel(q, k, v, &g, &beta, &state, mask)?);
+        return Ok(fast::gated_delta(fast::GatedDelta::Kernel, q, k, v, &g, &beta, &state, mask)?);
     }
     let (q, k) = match hv / hk {
         r if r > 1 => (q.repeat(r, -2)?, k.repeat(r, -2)?),
@@ -220,7 +220,7 @@ pub fn gated_delta_update(
     let mut ys = Vec::with_capacity(t.max(0) as usize);
     for i in 0..t {
         let m = mask.map(|m| at(m, i)).transpose()?;
-        let (y, s) = fast::gated_delta_step(&at(&q, i)?, &at(&k, i)?, &at(v, i)?, &at(&g, i)?, &at(&beta, i)?, &state, m.as_ref())?;
+        let (y, s) = fast::gated_delta(fast::GatedDelta::Step, &at(&q, i)?, &at(&k, i)?, &at(v, i)?, &at(&g, i)?, &at(&beta, i)?, &state, m.as_ref())?;
         ys.push(y);
         state = s;
     }
