@@ -129,3 +129,37 @@ fn a_cached_prefix_is_skipped_and_changes_nothing() {
     assert_eq!((used, seqs), (0, 0), "no block or sequence may stay held");
     assert!(cached_blocks >= 5, "finished sequences stay cached for reuse: {cached_blocks} blocks");
 }
+
+/// Newcomers arriving together are prefilled together (one forward per chunk for several prompts
+/// of different lengths, right-padded, over several steps when the chunk is small), sequences with
+/// the same prompt share one prefill (a request's `n` choices), and rows starting from cached
+/// prefixes of different lengths join rows without one: every sequence still gives its tokens
+/// alone, greedy and seeded.
+#[test]
+fn newcomers_prefilled_together_and_shared_choices_match_their_runs_alone() {
+    let vocab = 256;
+    let base = prompt(3, 50, vocab);
+    let mut with_prefix = base.clone();
+    with_prefix.extend(prompt(4, 23, vocab));
+    let lens = [7, 61, 1, 33, 18];
+    let mut cases: Vec<Case> = vec![Case { prompt: base.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 0, tokens: 4 }];
+    for (i, &len) in lens.iter().enumerate() {
+        cases.push(Case { prompt: prompt(20 + i as u32, len, vocab), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 9 + i });
+    }
+    // The same prompt three times (greedy, and two seeded streams), and one with a cached prefix.
+    for (s, seed) in [(SamplerConfig::default(), None), (sampler(0.9, 0.95, 0, None), Some(5)), (sampler(1.0, 0.0, 0, Some(1.2)), Some(6))] {
+        cases.push(Case { prompt: prompt(40, 29, vocab), sampler: s, seed, joins_at: 12, tokens: 14 });
+    }
+    cases.push(Case { prompt: with_prefix.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 11 });
+    for (variant, chunk) in [("llama3-f32", 64), ("qwen3-f32", 2048)] {
+        let m = LoadedModel::load(&common::model(variant)).unwrap();
+        let want: Vec<Vec<u32>> = cases.iter().map(|c| alone(&m, &c.prompt, &c.sampler, c.seed, c.tokens)).collect();
+        let pool = PagedPool::new(m.model.make_cache().len(), 16, 64 << 20);
+        let (got, cached) = batched(&m, &cases, chunk, Some(pool.clone()));
+        assert_eq!(cached[cases.len() - 1], 48, "{variant}: the last prompt starts from the first one's 3 full blocks");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{variant}: sequence {i} differs from its run alone");
+        }
+        assert_eq!((pool.usage().0, pool.usage().2), (0, 0), "{variant}: no block or sequence may stay held");
+    }
+}

@@ -13,6 +13,7 @@ mod routes;
 pub mod stop;
 pub mod structured;
 pub mod tools;
+mod trace;
 pub mod worker;
 
 use anyhow::{Context, Result};

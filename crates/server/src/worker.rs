@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::Sender;
 
 use crate::stop::StopBuffer;
+use crate::trace::{add, WorkerTrace};
 
 /// One request for the engine thread; its events go to `tx` (the job ends when `tx` is dropped).
 pub struct Job {
@@ -203,6 +204,8 @@ struct Worker<'m> {
     tool_format: Option<ToolFormat>,
     /// The grammar compiler, built at the first constrained request.
     constraints: Option<Result<Constraints, String>>,
+    /// `MLX_GEN_TRACE`: the serving steps' time by stage.
+    trace: Option<WorkerTrace>,
 }
 
 fn invalid(param: &str, e: impl std::fmt::Display) -> ApiError {
@@ -236,6 +239,14 @@ impl<'m> Worker<'m> {
             calls: Vec::new(),
             tool_format: loaded.tokenizer.chat_template_source().and_then(ToolFormat::detect),
             constraints: None,
+            trace: WorkerTrace::from_env(),
+        }
+    }
+
+    /// Prints the trace of the busy stretch that just ended (with `MLX_GEN_TRACE`).
+    fn report_trace(&mut self) {
+        if let Some(t) = self.trace.as_mut() {
+            t.report(self.engine.take_trace());
         }
     }
 
@@ -289,6 +300,7 @@ impl<'m> Worker<'m> {
         let mut queue: VecDeque<Queued> = VecDeque::new();
         loop {
             if self.choices.is_empty() && queue.is_empty() {
+                self.report_trace();
                 self.health.waiting();
                 // Held events of finished jobs go out as their readers catch up.
                 let next = if self.held.is_empty() { jobs.recv().map_err(|_| RecvTimeoutError::Disconnected) } else { jobs.recv_timeout(Duration::from_millis(5)) };
@@ -298,14 +310,17 @@ impl<'m> Worker<'m> {
                         self.flush();
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Disconnected) => return self.report_trace(),
                 }
+            }
+            if let Some(t) = self.trace.as_mut() {
+                t.busy();
             }
             loop {
                 match jobs.try_recv() {
                     Ok(job) => queue.push_back(Queued { job, prepared: None }),
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) if self.choices.is_empty() && queue.is_empty() => return,
+                    Err(TryRecvError::Disconnected) if self.choices.is_empty() && queue.is_empty() => return self.report_trace(),
                     Err(TryRecvError::Disconnected) => break,
                 }
             }
@@ -317,11 +332,15 @@ impl<'m> Worker<'m> {
                     self.metrics.queue(-1, 0);
                 }
             }
+            let clock = Instant::now();
             self.expire(&mut queue);
             self.admit(&mut queue);
             self.drop_abandoned();
+            add(&mut self.trace, clock, |t| &mut t.admit);
+            let clock = Instant::now();
             self.flush();
             self.publish();
+            add(&mut self.trace, clock, |t| &mut t.flush);
             if self.engine.is_idle() {
                 continue;
             }
@@ -330,11 +349,16 @@ impl<'m> Worker<'m> {
             if let Some(f) = self.fault {
                 f.at(self.steps);
             }
-            match self.engine_step() {
+            let clock = Instant::now();
+            let stepped = self.engine_step();
+            add(&mut self.trace, clock, |t| &mut t.step);
+            match stepped {
                 Ok(tokens) => {
+                    let clock = Instant::now();
                     for t in tokens {
                         self.on_token(t);
                     }
+                    add(&mut self.trace, clock, |t| &mut t.on_token);
                 }
                 Err(e) => {
                     // Every running job fails; the engine starts over empty.
@@ -347,8 +371,10 @@ impl<'m> Worker<'m> {
                     self.engine = new_engine(self.loaded, &self.options, self.pool.clone());
                 }
             }
+            let clock = Instant::now();
             self.flush();
             self.publish();
+            add(&mut self.trace, clock, |t| &mut t.flush);
         }
     }
 
@@ -413,7 +439,13 @@ impl<'m> Worker<'m> {
                 let _ = q.job.tx.try_send(Event::Error(e));
                 continue;
             }
-            let prepared = match q.prepared.take().map_or_else(|| self.prepare(&q.job), Ok) {
+            let clock = Instant::now();
+            let prepared = q.prepared.take().map_or_else(|| self.prepare(&q.job), Ok);
+            add(&mut self.trace, clock, |t| &mut t.prepare);
+            if let Some(t) = self.trace.as_mut() {
+                t.jobs += 1;
+            }
+            let prepared = match prepared {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = q.job.tx.try_send(Event::Error(e));
