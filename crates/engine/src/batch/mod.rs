@@ -435,6 +435,14 @@ impl<'m> BatchEngine<'m> {
     /// One batched forward over `inputs` (B,): the logits (B, vocab).
     fn forward(&mut self, inputs: &Array) -> Result<Array> {
         let b = inputs.dim(0);
+        // Every layer's rows are at the same positions: one offsets array serves them all.
+        if let Some(offsets) = self.caches.iter().find_map(|c| c.as_batch().and_then(|bc| bc.row_offsets())) {
+            for c in &mut self.caches {
+                if let Some(bc) = c.as_batch_mut() {
+                    bc.share_offsets(&offsets);
+                }
+            }
+        }
         Ok(self.model.forward(&inputs.reshape(&[b, 1])?, &mut self.caches)?.reshape(&[b, -1])?) // (B, vocab)
     }
 }
