@@ -291,13 +291,15 @@ impl<'m> BatchEngine<'m> {
             return Ok(());
         }
         if let Some(pool) = &self.prefix {
+            let mut seqs = Vec::new();
             for (i, row) in self.rows.iter().enumerate().filter(|(i, _)| !keep.contains(i)) {
                 let kv = self.caches.iter().map(|c| batch_cache(c.as_ref())?.row(i)).collect::<Result<Vec<_>>>()?;
                 let n = row.tokens.len().min(kv.first().map_or(0, |(k, _)| k.dim(2) as usize));
                 let kv: Vec<(Array, Array)> = kv.iter().map(|(k, v)| Ok((k.slice_axis(2, 0, n as i32)?, v.slice_axis(2, 0, n as i32)?))).collect::<Result<_>>()?;
-                // A full pool only means this sequence is not kept for reuse.
-                let _ = pool.store(&row.tokens[..n], &kv);
+                seqs.push((&row.tokens[..n], kv));
             }
+            // A full pool only means these sequences are not kept for reuse.
+            let _ = pool.store_all(&seqs.iter().map(|(t, kv)| (*t, kv.as_slice())).collect::<Vec<_>>());
         }
         for c in &mut self.caches {
             if let Some(parts) = c.parts_mut() {

@@ -212,11 +212,12 @@ impl Group {
         let logits = ctx.model.forward(&Array::from_slice(&last, &[rows, 1])?, &mut self.cache)?.reshape(&[rows, -1])?; // (rows, vocab)
         super::note_prefill(ctx.trace, rows as usize);
         if let Some(pool) = ctx.prefix {
-            for (r, &f) in self.first.iter().enumerate() {
-                let kv = self.cache.iter().map(|c| if self.own { filled(c.as_ref()) } else { batch(c.as_ref())?.row(r) }).collect::<Result<Vec<_>>>()?;
-                // A full pool only means this prompt is not kept for reuse.
-                let _ = pool.store(&self.members[f].prompt, &kv);
-            }
+            let kv = (0..rows as usize)
+                .map(|r| self.cache.iter().map(|c| if self.own { filled(c.as_ref()) } else { batch(c.as_ref())?.row(r) }).collect::<Result<Vec<_>>>())
+                .collect::<Result<Vec<_>>>()?;
+            let seqs: Vec<(&[u32], &[(Array, Array)])> = self.first.iter().zip(&kv).map(|(&f, kv)| (self.members[f].prompt.as_slice(), kv.as_slice())).collect();
+            // A full pool only means these prompts are not kept for reuse.
+            let _ = pool.store_all(&seqs);
         }
         // One row per member still wanted.
         let row_of: Vec<usize> = self.members.iter().zip(&self.row_of).filter(|(m, _)| m.id != GONE).map(|(_, &r)| r).collect();
