@@ -103,11 +103,15 @@ fn seeded_sampling_and_penalties_match_per_sequence() {
         (sampler(0.0, 0.0, 0, Some(1.3)), None),
         (sampler(0.7, 0.0, 0, Some(1.1)), Some(3)),
         (sampler(0.0, 0.0, 0, None), None),
+        // Rows the batch samples in one graph: min-p, top-p with min-p, temperature alone.
+        (SamplerConfig { min_p: 0.1, ..sampler(0.9, 0.0, 0, None) }, Some(11)),
+        (SamplerConfig { min_p: 0.05, ..sampler(1.1, 0.8, 0, None) }, Some(12)),
+        (sampler(1.3, 0.0, 0, None), Some(13)),
     ];
     let cases: Vec<Case> = settings
         .iter()
         .enumerate()
-        .map(|(i, (s, seed))| Case { prompt: prompt(i as u32 + 10, 6 + 9 * i, vocab), sampler: s.clone(), seed: *seed, joins_at: i, tokens: 24 })
+        .map(|(i, (s, seed))| Case { prompt: prompt(i as u32 + 10, 6 + 9 * i, vocab), sampler: s.clone(), seed: *seed, joins_at: i % 6, tokens: 24 })
         .collect();
     check("qwen2-f32", &cases, 64);
 }

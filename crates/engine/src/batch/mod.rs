@@ -16,7 +16,8 @@ use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, Pa
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
-use crate::sample::constraint::{apply_mask, TokenConstraint};
+use crate::sample::constraint::TokenConstraint;
+use crate::sample::rows::RowSampling;
 use crate::sample::SamplerConfig;
 use mlx::random::KeySeq;
 use mlx::{async_eval, ops, Array};
@@ -449,38 +450,28 @@ impl<'m> BatchEngine<'m> {
     }
 }
 
-/// The next tokens and per-row log-probabilities of `rows` from `logits` (B, vocab), each
-/// constrained row masked by its entry of `masks`; `inputs` (B,): the tokens the logits came from,
-/// which join the logits processors' histories (`None` for first tokens, whose history is the
-/// prompt).
+/// The next tokens and per-row log-probabilities of `rows` from `logits` (B, vocab), in one graph
+/// ([`crate::sample::rows`]), each constrained row masked by its entry of `masks`; `inputs` (B,):
+/// the tokens the logits came from, which join the logits processors' histories (`None` for first
+/// tokens, whose history is the prompt).
 fn sample_rows(rows: &mut [Row], inputs: Option<&Array>, logits: &Array, masks: Option<&[Option<Vec<bool>>]>) -> Result<Pending> {
-    let all_greedy = rows.iter().all(|r| r.params.sampler.is_greedy() && r.params.sampler.processors.is_empty());
-    if all_greedy {
-        let logits = match masks {
-            Some(masks) => apply_mask(logits, &masks.iter().flat_map(|m| m.clone().unwrap_or_else(|| vec![true; logits.dim(-1) as usize])).collect::<Vec<_>>())?,
-            None => logits.clone(),
-        };
-        let logprobs = logits.sub(&logits.logsumexp(&[-1], true)?)?;
-        let tokens = logprobs.argmax(-1, false)?;
-        let lps = rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| row_of(&logprobs, i)).transpose()).collect::<Result<_>>()?;
-        return Ok(Pending { tokens, logprobs: lps });
-    }
-    let mut tokens = Vec::with_capacity(rows.len());
-    let mut lps = Vec::with_capacity(rows.len());
-    for (i, row) in rows.iter_mut().enumerate() {
-        let procs = &row.params.sampler.processors;
-        if let Some(inputs) = inputs.filter(|_| !procs.is_empty() && procs.history_needed() != Some(0)) {
-            let input = inputs.slice_axis(0, i as i32, i as i32 + 1)?;
-            row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
+    if let Some(inputs) = inputs {
+        for (i, row) in rows.iter_mut().enumerate() {
+            let procs = &row.params.sampler.processors;
+            if !procs.is_empty() && procs.history_needed() != Some(0) {
+                let input = inputs.slice_axis(0, i as i32, i as i32 + 1)?;
+                row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
+            }
         }
-        let mask = masks.and_then(|m| m[i].as_deref());
-        let params = &mut row.params;
-        let (t, lp) = params.sampler.process_and_sample_masked(&logits.slice_axis(0, i as i32, i as i32 + 1)?, row.history.as_ref(), params.keys.as_mut(), mask)?;
-        lps.push(row.params.logprobs.then(|| lp.squeeze(&[0])).transpose()?);
-        tokens.push(t);
     }
-    let tokens = ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?;
-    Ok(Pending { tokens, logprobs: lps })
+    let mut each: Vec<RowSampling<'_>> = rows
+        .iter_mut()
+        .enumerate()
+        .map(|(i, r)| RowSampling { sampler: &r.params.sampler, history: r.history.as_ref(), keys: r.params.keys.as_mut(), allowed: masks.and_then(|m| m[i].as_deref()) })
+        .collect();
+    let sampled = crate::sample::rows::sample_rows(&mut each, logits)?;
+    let logprobs = rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| sampled.row_logprobs(i)).transpose()).collect::<Result<_>>()?;
+    Ok(Pending { tokens: sampled.tokens, logprobs })
 }
 
 /// Whether every cache the model makes is a plain KV cache (mlx-lm's `KVCache`, which `merge`s
@@ -538,10 +529,6 @@ fn note_prefill(trace: &mut Option<StepTrace>, positions: usize) {
         t.prefill_positions += positions;
         t.prefill_forwards += 1;
     }
-}
-
-fn row_of(a: &Array, i: usize) -> Result<Array> {
-    Ok(a.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?)
 }
 
 fn batch_cache(c: &dyn KvCache) -> Result<&BatchCache> {
