@@ -3,7 +3,9 @@
 //! at every step it admits waiting jobs (each of a job's `n` choices is one sequence) while the
 //! batch has room and the KV budget allows, decodes one token for every running sequence, and
 //! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
-//! (a [`engine::cache::PagedPool`]) holds from earlier requests.
+//! (a [`engine::cache::PagedPool`]) holds from earlier requests. Jobs arrive rendered and
+//! tokenised ([`crate::prepare`], in the handlers); the engine thread only compiles grammars.
+//! With `MLX_GEN_TRACE` set it times its stages ([`crate::trace`]).
 //!
 //! Memory is bounded by what the batch really holds: the batch cache is padded (every row as long
 //! as the longest, plus the cache's growth step), so a job is admitted only while the padded batch

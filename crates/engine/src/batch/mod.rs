@@ -1,13 +1,15 @@
 //! Continuous batching, as mlx-lm's `BatchGenerator`: sequences join and leave a running batch
 //! between steps, and every step decodes all of them in one forward pass over a [`BatchCache`].
 //!
-//! A new sequence is prefilled on its own (its prompt in chunks, a budget of prompt tokens per
-//! step, so the running sequences keep flowing), starting from the longest prefix the optional
-//! prefix pool holds; its first token is sampled from its last prompt position and it joins the
-//! batch. Each step queues the next one before handing out the current tokens (as
-//! `generate_step`), so the host builds step n+1 while the device computes step n. Sampling is per
-//! sequence: its own settings, logits processors and random key stream. A model whose own caches
-//! cannot be merged into a batch (rotating or chunked ones) runs its sequences one after another,
+//! New sequences are prefilled together in groups (see `prefill.rs`: several prompts in one
+//! forward per chunk, a budget of padded prompt positions per step so the running sequences keep
+//! flowing), each starting from the longest prefix the optional prefix pool holds; the first token
+//! of each is sampled from its last prompt position and the group joins the batch. Each step
+//! queues the next one before handing out the current tokens (as `generate_step`), so the host
+//! builds step n+1 while the device computes step n. Sampling follows each sequence's own
+//! settings, logits processors and random key stream, all rows in one graph
+//! ([`crate::sample::rows`]). A model whose own caches cannot be merged into a batch (rotating or
+//! chunked ones) runs its sequences one after another,
 //! as mlx-lm's server does. A sequence
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on

@@ -12,7 +12,7 @@
 //! models whose caches are not plain KV caches (recurrent states, cache lists, rotating windows)
 //! only form groups of one row.
 use super::{filled, history_of, sample_rows, Pending, Row, SeqParams};
-use crate::cache::{BatchCache, KvCache, PagedPool, StatePrefixCache};
+use crate::cache::{BatchCache, KvCache, PagedPool, StatePrefixCache, StoredSeq};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::prefill::prefill_chunk;
@@ -157,7 +157,7 @@ impl Group {
             prefill_chunk(ctx.model, &mut self.cache, &Array::from_slice(&ids, &[rows as i32, n as i32])?, None)?; // (rows, n)
             super::note_prefill(ctx.trace, rows * n);
             self.col += n;
-            if let Some(states) = ctx.states.as_deref_mut().filter(|s| (done + n) % s.block_size() == 0) {
+            if let Some(states) = ctx.states.as_deref_mut().filter(|s| (done + n).is_multiple_of(s.block_size())) {
                 states.store(&self.members[self.first[0]].prompt[..done + n], &self.cache)?;
             }
             return Ok((rows * n, None));
@@ -215,7 +215,7 @@ impl Group {
             let kv = (0..rows as usize)
                 .map(|r| self.cache.iter().map(|c| if self.own { filled(c.as_ref()) } else { batch(c.as_ref())?.row(r) }).collect::<Result<Vec<_>>>())
                 .collect::<Result<Vec<_>>>()?;
-            let seqs: Vec<(&[u32], &[(Array, Array)])> = self.first.iter().zip(&kv).map(|(&f, kv)| (self.members[f].prompt.as_slice(), kv.as_slice())).collect();
+            let seqs: Vec<StoredSeq<'_>> = self.first.iter().zip(&kv).map(|(&f, kv)| (self.members[f].prompt.as_slice(), kv.as_slice())).collect();
             // A full pool only means these prompts are not kept for reuse.
             let _ = pool.store_all(&seqs);
         }

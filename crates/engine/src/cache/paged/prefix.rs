@@ -6,6 +6,9 @@ use super::{err, PagedCache, PagedPool};
 use crate::error::Result;
 use mlx::Array;
 
+/// One sequence for [`PagedPool::store_all`]: its tokens and their keys and values per layer.
+pub type StoredSeq<'a> = (&'a [u32], &'a [(Array, Array)]);
+
 impl PagedPool {
     /// The longest cached prefix of `tokens` (whole blocks, at most `tokens.len() - 1` positions)
     /// and its keys and values per layer, (1, kv_heads, n, D) each; `(0, [])` when none.
@@ -35,7 +38,7 @@ impl PagedPool {
 
     /// [`PagedPool::store`] of several sequences, the pool's storage evaluated once; one that
     /// cannot be stored (a full pool) does not keep the others out (the first error is returned).
-    pub fn store_all(&self, seqs: &[(&[u32], &[(Array, Array)])]) -> Result<()> {
+    pub fn store_all(&self, seqs: &[StoredSeq<'_>]) -> Result<()> {
         let mut first_error = None;
         for &(tokens, kv) in seqs {
             let (mut caches, reused) = self.new_sequence(tokens);
