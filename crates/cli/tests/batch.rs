@@ -167,3 +167,49 @@ fn newcomers_prefilled_together_and_shared_choices_match_their_runs_alone() {
         assert_eq!((pool.usage().0, pool.usage().2), (0, 0), "{variant}: no block or sequence may stay held");
     }
 }
+
+/// Sequences ended while their group is still being prefilled (a client gone mid-prefill) hand out
+/// nothing, and the others of the group (one sharing the ended one's prompt) still give their
+/// tokens alone; a group whose members all ended is dropped.
+#[test]
+fn sequences_ended_during_their_groups_prefill_leave_the_rest_unchanged() {
+    let m = LoadedModel::load(&common::model("llama3-f32")).unwrap();
+    let vocab = 256;
+    let prompts = [prompt(50, 90, vocab), prompt(51, 70, vocab), prompt(50, 90, vocab), prompt(52, 60, vocab), prompt(53, 80, vocab)];
+    let n = 8;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&m, p, &SamplerConfig::default(), None, n)).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), 48, None);
+    let params = || SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false };
+    for (i, p) in prompts.iter().take(4).enumerate() {
+        engine.add(i as u64, p.clone(), params()).unwrap();
+    }
+    // One step runs the first chunk of the group (48 positions over 3 rows: 16 columns).
+    assert!(engine.step().unwrap().is_empty());
+    assert_eq!(engine.len(), (0, 4));
+    engine.finish(0); // shares its row with 2
+    engine.finish(3);
+    assert_eq!(engine.len(), (0, 2));
+    let mut got: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for step in 0..200 {
+        if step == 1 {
+            // A group of one whose only member ends at once.
+            engine.add(4, prompts[4].clone(), params()).unwrap();
+        }
+        if step == 2 {
+            engine.finish(4);
+        }
+        for StepToken { id, token, .. } in engine.step().unwrap() {
+            let v = got.entry(id).or_default();
+            v.push(token);
+            if v.len() == n {
+                engine.finish(id);
+            }
+        }
+        if engine.is_idle() && step > 2 {
+            break;
+        }
+    }
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![1, 2], "only the sequences not ended hand out tokens");
+    assert_eq!(got[&1], want[1]);
+    assert_eq!(got[&2], want[2]);
+}

@@ -347,11 +347,15 @@ impl<'m> BatchEngine<'m> {
                 if !self.batchable && (!self.rows.is_empty() || !joined.is_empty()) {
                     break;
                 }
-                self.group = Group::take(&mut self.waiting, budget, self.groups);
+                self.group = Group::take(&mut self.waiting, budget, self.groups, !self.batchable);
             }
             let Some(group) = self.group.as_mut() else { break };
+            if budget < group.rows() && budget < self.prefill_step_size {
+                // Not a column of this group left in this step's budget: it goes on next step.
+                break;
+            }
             let mut ctx = Ctx { model: self.model, states: self.states.as_mut(), prefix: self.prefix.as_ref().filter(|_| self.batchable), trace: &mut self.trace };
-            let (spent, done) = group.advance(&mut ctx, budget)?;
+            let (spent, done) = group.advance(&mut ctx, budget, self.prefill_step_size)?;
             budget = budget.saturating_sub(spent);
             if let Some(done) = done {
                 self.group = None;

@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 /// The id of a member removed while its group ran.
 const GONE: u64 = u64::MAX;
 
-/// Rows of one group at most (mlx-lm's `prefill_batch_size` is 8).
-const MAX_GROUP_ROWS: usize = 16;
+/// Rows of one group at most (mlx-lm's `prefill_batch_size`).
+const MAX_GROUP_ROWS: usize = 8;
 
 /// A waiting sequence.
 pub(super) struct Prefill {
@@ -86,9 +86,12 @@ impl Group {
     /// (rows times the longest rest) fit `budget` or are at most half padding (the first always
     /// joins; a group runs `budget` positions per step, in chunks of columns); `batched`: whether
     /// several rows may form (plain KV caches only), else only sequences sharing the first's row
-    /// join it.
-    pub fn take(waiting: &mut VecDeque<Prefill>, budget: usize, batched: bool) -> Option<Group> {
+    /// join it; `alone`: the first only (a model that runs one sequence at a time).
+    pub fn take(waiting: &mut VecDeque<Prefill>, budget: usize, batched: bool, alone: bool) -> Option<Group> {
         let head = waiting.pop_front()?;
+        if alone {
+            return Some(Group { members: vec![head], row_of: vec![0], first: vec![0], col: 0, cache: Vec::new(), own: false });
+        }
         let (mut width, mut real) = (head.rest().len(), head.rest().len());
         let mut members = vec![head];
         let (mut row_of, mut first) = (vec![0], vec![0]);
@@ -128,20 +131,28 @@ impl Group {
         self.members.iter().all(|m| m.id == GONE)
     }
 
+    /// Rows of the prefill (members sharing a row count once).
+    pub fn rows(&self) -> usize {
+        self.first.len()
+    }
+
     fn width(&self) -> usize {
         self.first.iter().map(|&f| self.members[f].rest().len()).max().unwrap_or(0)
     }
 
-    /// Runs the next chunk of at most `budget` padded positions; returns the positions spent, and
-    /// the group's rows once every prompt is in (then the group is spent).
-    pub fn advance(&mut self, ctx: &mut Ctx<'_>, budget: usize) -> Result<(usize, Option<Prefilled>)> {
+    /// Runs the next chunk of at most `budget` padded positions (of `full` per step); returns the
+    /// positions spent, and the group's rows once every prompt is in (then the group is spent).
+    pub fn advance(&mut self, ctx: &mut Ctx<'_>, budget: usize, full: usize) -> Result<(usize, Option<Prefilled>)> {
         if self.cache.is_empty() {
             self.start()?;
         }
         let rows = self.first.len();
         let left = self.width() - self.col;
         if left > 0 {
-            let mut n = (budget / rows).max(1).min(left);
+            // Equal chunks over the steps the rest takes at `full` positions per step, at most what
+            // is left of this step's budget (one column at least).
+            let steps = (left * rows).div_ceil(full.max(1));
+            let mut n = left.div_ceil(steps.max(1)).min(budget / rows).max(1);
             // With snapshots (one row, recurrent layers), each chunk ends at the next block
             // boundary at the latest.
             let head = &self.members[self.first[0]];
