@@ -2,10 +2,13 @@
 //! times its own stages (admitting jobs, of which preparing their prompts: template rendering,
 //! tokenising and checks; handing tokens out: detokenising, stop strings, the events to the
 //! handlers; flushing held events and publishing the gauges); the batch engine times the step's
-//! (see `engine::batch::StepTrace`). Both go to stderr each time the engine falls idle and at
-//! shutdown, then start over.
+//! (see `engine::batch::StepTrace`). Both go to stderr each time the engine falls idle, every
+//! [`PERIOD`] of a longer busy stretch, and at shutdown, then start over.
 use engine::batch::StepTrace;
 use std::time::{Duration, Instant};
+
+/// A busy stretch longer than this is reported in parts.
+pub const PERIOD: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub struct WorkerTrace {
@@ -27,6 +30,11 @@ impl WorkerTrace {
     /// Marks the start of a busy stretch (idempotent).
     pub fn busy(&mut self) {
         self.start.get_or_insert_with(Instant::now);
+    }
+
+    /// Whether this stretch has run for a [`PERIOD`] (report it and start over).
+    pub fn due(&self) -> bool {
+        self.start.is_some_and(|s| s.elapsed() >= PERIOD)
     }
 
     /// Prints this stretch (with the engine's `steps`) and starts over.

@@ -375,6 +375,9 @@ impl<'m> Worker<'m> {
             self.flush();
             self.publish();
             add(&mut self.trace, clock, |t| &mut t.flush);
+            if self.trace.as_ref().is_some_and(WorkerTrace::due) {
+                self.report_trace();
+            }
         }
     }
 
