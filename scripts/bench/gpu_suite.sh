@@ -7,6 +7,9 @@
 #   gpu_suite.sh spec   real Qwen2.5-Coder-0.5B pair: speculative decoding vs mlx-lm (issue 6);
 #                       needs the GGUF at $GGUF (default /tmp/model.gguf)
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
+#   gpu_suite.sh serving  issue 20 item 1: server load at 1/8/32 streams vs mlx_lm.server on the Qwen3-0.6B and
+#                       Llama-3.2-3B shapes (2 rounds), mlx-gen with MLX_GEN_TRACE (its stage split kept in
+#                       $OUT/serving-SHAPE.mlx-gen.log), then mlx-gen alone with --prefill-step-size 2048
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
@@ -87,6 +90,18 @@ print(f"single: {a.get('generation_tps')} tok/s, tp2 ring: {b.get('generation_tp
 EOF
   env $tuned ./mlx-gen bench --model "$d" -p 512 -g 128 -n 2 --json | med
   env $tuned ./mlx-gen launch --hosts 127.0.0.1,127.0.0.1 --backend ring --timeout 120 -- bench --model "$d" -p 512 -g 128 -n 2 --json | med
+  ;;
+serving)
+  for s in qwen3-0.6b llama-3.2-3b; do
+    d=$(shape_dir $s)
+    echo "== $s: mlx-gen (MLX_GEN_TRACE) and mlx_lm.server, 1/8/32 streams, 128 tokens, 2 rounds"
+    env $tuned MLX_GEN_TRACE=1 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
+        --max-tokens 128 --rounds 2 --server-log "$out/serving-$s" --out "$out/serving-$s.json"
+    grep '^trace:' "$out/serving-$s.mlx-gen.log" | tail -6
+    echo "== $s: mlx-gen --prefill-step-size 2048"
+    env $tuned python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
+        --max-tokens 128 --rounds 2 --mlx-gen-args "--prefill-step-size 2048" --out "$out/serving-$s-2048.json"
+  done
   ;;
 big)
   python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes qwen2.5-7b -p 512 -g 256 -n 3 \

@@ -71,8 +71,8 @@ def default_mlx_gen():
 class Started:
     """A server this script started; stopped by stop()."""
 
-    def __init__(self, kind, cmd, port, startup_timeout):
-        self.kind, self.port = kind, port
+    def __init__(self, kind, cmd, port, startup_timeout, keep_log=None):
+        self.kind, self.port, self.keep_log = kind, port, keep_log
         self.log = tempfile.NamedTemporaryFile(prefix=f"server-load-{kind}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + startup_timeout
@@ -105,7 +105,11 @@ class Started:
                 self.proc.kill()
                 self.proc.wait(15)
         self.log.close()
-        os.unlink(self.log.name)
+        if self.keep_log:
+            shutil.move(self.log.name, self.keep_log)
+            print(f"[{self.kind}] server log: {self.keep_log}", file=sys.stderr)
+        else:
+            os.unlink(self.log.name)
 
 
 def get(host, port, path, timeout):
@@ -304,6 +308,7 @@ def main():
     ap.add_argument("--url", help="bench an already running server at this loopback URL instead of starting one")
     ap.add_argument("--mlx-gen", default=default_mlx_gen(), help="the mlx-gen binary (default: target/release, then target/debug, then PATH)")
     ap.add_argument("--python", default=sys.executable, help="python with mlx-lm, for mlx_lm.server (default: this one)")
+    ap.add_argument("--server-log", default="", help="keep each server's output (stdout and stderr) as PREFIX.KIND.log (e.g. mlx-gen's MLX_GEN_TRACE lines)")
     ap.add_argument("--mlx-gen-args", default="", help="extra arguments for mlx-gen serve (one string, split on spaces)")
     ap.add_argument("--mlx-lm-args", default="", help="extra arguments for mlx_lm.server")
     ap.add_argument("--api-key", default=None, help="bearer key for --url servers that need one")
@@ -350,7 +355,8 @@ def main():
             else:
                 ap.error(f"unknown server {kind!r}: mlx-gen or mlx_lm")
             print(f"[{kind}] starting: {' '.join(cmd)}", file=sys.stderr)
-            server = Started(kind, cmd, port, args.startup_timeout)
+            keep = f"{args.server_log}.{kind}.log" if args.server_log else None
+            server = Started(kind, cmd, port, args.startup_timeout, keep)
             try:
                 results += bench_server(kind, "127.0.0.1", port, args, None)
             finally:

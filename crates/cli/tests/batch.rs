@@ -103,11 +103,15 @@ fn seeded_sampling_and_penalties_match_per_sequence() {
         (sampler(0.0, 0.0, 0, Some(1.3)), None),
         (sampler(0.7, 0.0, 0, Some(1.1)), Some(3)),
         (sampler(0.0, 0.0, 0, None), None),
+        // Rows the batch samples in one graph: min-p, top-p with min-p, temperature alone.
+        (SamplerConfig { min_p: 0.1, ..sampler(0.9, 0.0, 0, None) }, Some(11)),
+        (SamplerConfig { min_p: 0.05, ..sampler(1.1, 0.8, 0, None) }, Some(12)),
+        (sampler(1.3, 0.0, 0, None), Some(13)),
     ];
     let cases: Vec<Case> = settings
         .iter()
         .enumerate()
-        .map(|(i, (s, seed))| Case { prompt: prompt(i as u32 + 10, 6 + 9 * i, vocab), sampler: s.clone(), seed: *seed, joins_at: i, tokens: 24 })
+        .map(|(i, (s, seed))| Case { prompt: prompt(i as u32 + 10, 6 + 9 * i, vocab), sampler: s.clone(), seed: *seed, joins_at: i % 6, tokens: 24 })
         .collect();
     check("qwen2-f32", &cases, 64);
 }
@@ -128,4 +132,84 @@ fn a_cached_prefix_is_skipped_and_changes_nothing() {
     let (used, cached_blocks, seqs) = pool.usage();
     assert_eq!((used, seqs), (0, 0), "no block or sequence may stay held");
     assert!(cached_blocks >= 5, "finished sequences stay cached for reuse: {cached_blocks} blocks");
+}
+
+/// Newcomers arriving together are prefilled together (one forward per chunk for several prompts
+/// of different lengths, right-padded, over several steps when the chunk is small), sequences with
+/// the same prompt share one prefill (a request's `n` choices), and rows starting from cached
+/// prefixes of different lengths join rows without one: every sequence still gives its tokens
+/// alone, greedy and seeded.
+#[test]
+fn newcomers_prefilled_together_and_shared_choices_match_their_runs_alone() {
+    let vocab = 256;
+    let base = prompt(3, 50, vocab);
+    let mut with_prefix = base.clone();
+    with_prefix.extend(prompt(4, 23, vocab));
+    let lens = [7, 61, 1, 33, 18];
+    let mut cases: Vec<Case> = vec![Case { prompt: base.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 0, tokens: 4 }];
+    for (i, &len) in lens.iter().enumerate() {
+        cases.push(Case { prompt: prompt(20 + i as u32, len, vocab), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 9 + i });
+    }
+    // The same prompt three times (greedy, and two seeded streams), and one with a cached prefix.
+    for (s, seed) in [(SamplerConfig::default(), None), (sampler(0.9, 0.95, 0, None), Some(5)), (sampler(1.0, 0.0, 0, Some(1.2)), Some(6))] {
+        cases.push(Case { prompt: prompt(40, 29, vocab), sampler: s, seed, joins_at: 12, tokens: 14 });
+    }
+    cases.push(Case { prompt: with_prefix.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 11 });
+    for (variant, chunk) in [("llama3-f32", 64), ("qwen3-f32", 2048)] {
+        let m = LoadedModel::load(&common::model(variant)).unwrap();
+        let want: Vec<Vec<u32>> = cases.iter().map(|c| alone(&m, &c.prompt, &c.sampler, c.seed, c.tokens)).collect();
+        let pool = PagedPool::new(m.model.make_cache().len(), 16, 64 << 20);
+        let (got, cached) = batched(&m, &cases, chunk, Some(pool.clone()));
+        assert_eq!(cached[cases.len() - 1], 48, "{variant}: the last prompt starts from the first one's 3 full blocks");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "{variant}: sequence {i} differs from its run alone");
+        }
+        assert_eq!((pool.usage().0, pool.usage().2), (0, 0), "{variant}: no block or sequence may stay held");
+    }
+}
+
+/// Sequences ended while their group is still being prefilled (a client gone mid-prefill) hand out
+/// nothing, and the others of the group (one sharing the ended one's prompt) still give their
+/// tokens alone; a group whose members all ended is dropped.
+#[test]
+fn sequences_ended_during_their_groups_prefill_leave_the_rest_unchanged() {
+    let m = LoadedModel::load(&common::model("llama3-f32")).unwrap();
+    let vocab = 256;
+    let prompts = [prompt(50, 90, vocab), prompt(51, 70, vocab), prompt(50, 90, vocab), prompt(52, 60, vocab), prompt(53, 80, vocab)];
+    let n = 8;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&m, p, &SamplerConfig::default(), None, n)).collect();
+    let mut engine = BatchEngine::new(m.model.as_ref(), 48, None);
+    let params = || SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false };
+    for (i, p) in prompts.iter().take(4).enumerate() {
+        engine.add(i as u64, p.clone(), params()).unwrap();
+    }
+    // One step runs the first chunk of the group (48 positions over 3 rows: 16 columns).
+    assert!(engine.step().unwrap().is_empty());
+    assert_eq!(engine.len(), (0, 4));
+    engine.finish(0); // shares its row with 2
+    engine.finish(3);
+    assert_eq!(engine.len(), (0, 2));
+    let mut got: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for step in 0..200 {
+        if step == 1 {
+            // A group of one whose only member ends at once.
+            engine.add(4, prompts[4].clone(), params()).unwrap();
+        }
+        if step == 2 {
+            engine.finish(4);
+        }
+        for StepToken { id, token, .. } in engine.step().unwrap() {
+            let v = got.entry(id).or_default();
+            v.push(token);
+            if v.len() == n {
+                engine.finish(id);
+            }
+        }
+        if engine.is_idle() && step > 2 {
+            break;
+        }
+    }
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![1, 2], "only the sequences not ended hand out tokens");
+    assert_eq!(got[&1], want[1]);
+    assert_eq!(got[&2], want[2]);
 }

@@ -210,11 +210,13 @@ fn batched(m: &LoadedModel, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
 }
 
 /// The batch engine gives each sequence its tokens alone: mistral3 (default caches) decodes its
-/// rows together at different positions; ministral3 (rotating caches) and llama4 (chunked caches),
+/// rows together at different positions (two with the same prompt); ministral3 (rotating caches) and llama4 (chunked caches),
 /// whose caches cannot be merged, run them one after another in their own caches.
 #[test]
 fn batching() {
-    let prompts: [Vec<u32>; 3] = [(1..30).collect(), (40..47).collect(), (100..118).collect()];
+    // The last is the first again (a request's second choice: it shares the first's prefill where
+    // rows can be merged, and runs after it where they cannot).
+    let prompts: [Vec<u32>; 4] = [(1..30).collect(), (40..47).collect(), (100..118).collect(), (1..30).collect()];
     for v in ["mistral3-f32", "ministral3-f32", "llama4-f32"] {
         let m = LoadedModel::load(&models().join(v)).unwrap();
         let alone: Vec<Vec<u32>> = prompts

@@ -20,7 +20,8 @@ pub enum Parallel {
 
 pub struct LoadedModel {
     pub model: Box<dyn Model>,
-    pub tokenizer: Tokenizer,
+    /// Shared with the server's handlers, which tokenise prompts off the engine thread.
+    pub tokenizer: std::sync::Arc<Tokenizer>,
     /// config's (or generation_config.json's) `eos_token_id`s plus the tokenizer's EOS token.
     pub eos_token_ids: Vec<u32>,
     pub config: serde_json::Value,
@@ -117,7 +118,7 @@ impl LoadedModel {
                 eos_token_ids.push(id);
             }
         }
-        Ok(LoadedModel { model, tokenizer, eos_token_ids, config, path: dir.to_owned() })
+        Ok(LoadedModel { model, tokenizer: std::sync::Arc::new(tokenizer), eos_token_ids, config, path: dir.to_owned() })
     }
 
     /// The last position's logits of one forward pass over `ids` with a fresh cache, as float32.

@@ -7,12 +7,14 @@ pub mod health;
 pub mod lockstep;
 pub mod metrics;
 pub mod outbox;
+pub mod prepare;
 pub mod reasoning;
 pub mod replica;
 mod routes;
 pub mod stop;
 pub mod structured;
 pub mod tools;
+mod trace;
 pub mod worker;
 
 use anyhow::{Context, Result};
@@ -51,7 +53,7 @@ pub fn serve(load: impl FnOnce() -> Result<LoadedModel> + Send + 'static, option
     let health = Arc::new(health::EngineHealth::new(options.step_timeout));
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let engine = worker::spawn(Box::new(load), jobs_rx, metrics.clone(), health.clone(), stopping.clone(), options.batch.clone(), options.share.clone())?;
+    let (engine, preparer) = worker::spawn(Box::new(load), jobs_rx, metrics.clone(), health.clone(), stopping.clone(), options.batch.clone(), options.share.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -65,7 +67,7 @@ pub fn serve(load: impl FnOnce() -> Result<LoadedModel> + Send + 'static, option
         // a clean shutdown, not the default death.
         let signals = Signals::install()?;
         eprintln!("mlx-gen serving {} on http://{local} (Ctrl-C stops)", options.model_id);
-        let app = routes::router(routes::AppState { jobs: jobs_tx, metrics, health: health.clone(), options: Arc::new(options) });
+        let app = routes::router(routes::AppState { jobs: jobs_tx, preparer: Arc::new(preparer), metrics, health: health.clone(), options: Arc::new(options) });
         let stop = shutdown_signal(signals, stopping, health.clone());
         axum::serve(listener, app).with_graceful_shutdown(stop).await.context("the server failed")
     })?;

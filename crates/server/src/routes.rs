@@ -22,6 +22,8 @@ use tokio::sync::mpsc;
 #[derive(Clone)]
 pub struct AppState {
     pub jobs: std::sync::mpsc::Sender<Job>,
+    /// Renders and tokenises prompts (on the blocking pool, not the engine thread).
+    pub preparer: Arc<crate::prepare::Preparer>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<EngineHealth>,
     pub options: Arc<ServeOptions>,
@@ -257,10 +259,15 @@ pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenPa
             "server_busy",
         ));
     }
+    let preparer = s.preparer.clone();
+    let (prepared, params) = tokio::task::spawn_blocking(move || (preparer.prepare(&prompt, &params), params))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("preparing the prompt failed: {e}"), "engine_error"))?;
+    let prepared = prepared?;
     let (tx, mut rx) = mpsc::channel(crate::outbox::EVENT_QUEUE);
     s.metrics.queue(1, 0);
     let open = params.n;
-    if s.jobs.send(Job { prompt, params, tx, arrived: Instant::now(), timeout: s.options.request_timeout }).is_err() {
+    if s.jobs.send(Job { prepared, params, tx, arrived: Instant::now(), timeout: s.options.request_timeout }).is_err() {
         s.metrics.queue(-1, 0);
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped", "engine_stopped"));
     }

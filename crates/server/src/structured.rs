@@ -1,4 +1,4 @@
-//! One request's structured-output plan, made on the engine thread (which holds the tokenizer):
+//! One request's structured-output plan, made with the prompt off the engine thread ([`crate::prepare`]):
 //! the tools its chat template is given, the grammar its output must follow (a forced tool call
 //! for `tool_choice` `required` or a named function, else `response_format`), and the tool-call
 //! format its answer is parsed with. Every impossible request is a 400 naming the field.

@@ -3,7 +3,9 @@
 //! at every step it admits waiting jobs (each of a job's `n` choices is one sequence) while the
 //! batch has room and the KV budget allows, decodes one token for every running sequence, and
 //! lets finished or abandoned ones go. Prompts start from the longest prefix the prefix pool
-//! (a [`engine::cache::PagedPool`]) holds from earlier requests.
+//! (a [`engine::cache::PagedPool`]) holds from earlier requests. Jobs arrive rendered and
+//! tokenised ([`crate::prepare`], in the handlers); the engine thread only compiles grammars.
+//! With `MLX_GEN_TRACE` set it times its stages ([`crate::trace`]).
 //!
 //! Memory is bounded by what the batch really holds: the batch cache is padded (every row as long
 //! as the longest, plus the cache's growth step), so a job is admitted only while the padded batch
@@ -11,7 +13,8 @@
 //! can never fit, alone, is refused (`context_length_exceeded`), one that does not fit now waits.
 //! A job past its deadline (`--request-timeout`) ends with a 408; the engine reports every step to
 //! [`EngineHealth`] (for `/health`).
-use crate::api::{ApiError, GenParams, Prompt};
+use crate::api::{ApiError, GenParams};
+use crate::prepare::{Prepared, Preparer};
 use crate::health::{EngineHealth, Fault};
 use crate::outbox::Outbox;
 use crate::constrain::{compile, Constraints};
@@ -32,10 +35,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::Sender;
 
 use crate::stop::StopBuffer;
+use crate::trace::{add, WorkerTrace};
 
 /// One request for the engine thread; its events go to `tx` (the job ends when `tx` is dropped).
 pub struct Job {
-    pub prompt: Prompt,
+    /// The prompt, rendered and tokenised by the handler ([`crate::prepare`]).
+    pub prepared: Prepared,
     pub params: GenParams,
     /// Bounded ([`crate::outbox::EVENT_QUEUE`]); see [`Outbox`].
     pub tx: Sender<Event>,
@@ -94,7 +99,8 @@ pub enum Event {
 /// sender of its channel is dropped. Returns once the model is loaded and the engine is ready,
 /// or with the load's error. Once `stopping` is set, running jobs end at their next token (so
 /// that a shutdown never waits on a long stream). A panic of the engine thread is reported to
-/// `health` (the thread ends; its jobs' channels close).
+/// `health` (the thread ends; its jobs' channels close). Returns the thread and what the handlers
+/// prepare prompts with.
 pub fn spawn(
     load: Box<dyn FnOnce() -> anyhow::Result<LoadedModel> + Send>,
     jobs: Receiver<Job>,
@@ -103,9 +109,9 @@ pub fn spawn(
     stopping: Arc<AtomicBool>,
     options: BatchOptions,
     share: Option<Share>,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
+) -> anyhow::Result<(std::thread::JoinHandle<()>, Preparer)> {
     let fault = Fault::from_env()?;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<Preparer>>();
     let thread = std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
         let loaded = match load() {
             Ok(l) => l,
@@ -115,7 +121,7 @@ pub fn spawn(
             }
         };
         let mut worker = Worker::new(&loaded, &metrics, &health, options, share, fault);
-        let _ = ready_tx.send(Ok(()));
+        let _ = ready_tx.send(Ok(Preparer::new(&loaded)));
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&jobs, &stopping))) {
             Ok(()) => {
                 worker.calls.push(Call::Stop);
@@ -129,7 +135,7 @@ pub fn spawn(
         }
     })?;
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(thread),
+        Ok(Ok(preparer)) => Ok((thread, preparer)),
         Ok(Err(e)) => {
             let _ = thread.join();
             Err(e)
@@ -151,13 +157,11 @@ struct JobState {
     timeout: ApiError,
 }
 
-/// A queued job and, once computed, its checked prompt (kept while it waits for room).
+/// A queued job and whether its plan has been checked (kept while it waits for room).
 struct Queued {
     job: Job,
-    prepared: Option<Prepared>,
+    checked: bool,
 }
-
-type Prepared = (Vec<u32>, Option<bool>, crate::structured::Plan);
 
 /// Sends `ev` to `job`'s handler; a job whose events are held joins `held` (flushed every step).
 fn deliver(held: &mut Vec<Rc<JobState>>, job: &Rc<JobState>, ev: Event) {
@@ -199,10 +203,10 @@ struct Worker<'m> {
     /// With several ranks: the engine calls since the last step, for the other ranks to replay.
     share: Option<Share>,
     calls: Vec<Call>,
-    /// The chat template's tool-call format, if it has one.
-    tool_format: Option<ToolFormat>,
     /// The grammar compiler, built at the first constrained request.
     constraints: Option<Result<Constraints, String>>,
+    /// `MLX_GEN_TRACE`: the serving steps' time by stage.
+    trace: Option<WorkerTrace>,
 }
 
 fn invalid(param: &str, e: impl std::fmt::Display) -> ApiError {
@@ -234,8 +238,15 @@ impl<'m> Worker<'m> {
             unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
             share,
             calls: Vec::new(),
-            tool_format: loaded.tokenizer.chat_template_source().and_then(ToolFormat::detect),
             constraints: None,
+            trace: WorkerTrace::from_env(),
+        }
+    }
+
+    /// Prints the trace of the busy stretch that just ended (with `MLX_GEN_TRACE`).
+    fn report_trace(&mut self) {
+        if let Some(t) = self.trace.as_mut() {
+            t.report(self.engine.take_trace());
         }
     }
 
@@ -289,23 +300,27 @@ impl<'m> Worker<'m> {
         let mut queue: VecDeque<Queued> = VecDeque::new();
         loop {
             if self.choices.is_empty() && queue.is_empty() {
+                self.report_trace();
                 self.health.waiting();
                 // Held events of finished jobs go out as their readers catch up.
                 let next = if self.held.is_empty() { jobs.recv().map_err(|_| RecvTimeoutError::Disconnected) } else { jobs.recv_timeout(Duration::from_millis(5)) };
                 match next {
-                    Ok(job) => queue.push_back(Queued { job, prepared: None }),
+                    Ok(job) => queue.push_back(Queued { job, checked: false }),
                     Err(RecvTimeoutError::Timeout) => {
                         self.flush();
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => return,
+                    Err(RecvTimeoutError::Disconnected) => return self.report_trace(),
                 }
+            }
+            if let Some(t) = self.trace.as_mut() {
+                t.busy();
             }
             loop {
                 match jobs.try_recv() {
-                    Ok(job) => queue.push_back(Queued { job, prepared: None }),
+                    Ok(job) => queue.push_back(Queued { job, checked: false }),
                     Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) if self.choices.is_empty() && queue.is_empty() => return,
+                    Err(TryRecvError::Disconnected) if self.choices.is_empty() && queue.is_empty() => return self.report_trace(),
                     Err(TryRecvError::Disconnected) => break,
                 }
             }
@@ -317,11 +332,15 @@ impl<'m> Worker<'m> {
                     self.metrics.queue(-1, 0);
                 }
             }
+            let clock = Instant::now();
             self.expire(&mut queue);
             self.admit(&mut queue);
             self.drop_abandoned();
+            add(&mut self.trace, clock, |t| &mut t.admit);
+            let clock = Instant::now();
             self.flush();
             self.publish();
+            add(&mut self.trace, clock, |t| &mut t.flush);
             if self.engine.is_idle() {
                 continue;
             }
@@ -330,11 +349,16 @@ impl<'m> Worker<'m> {
             if let Some(f) = self.fault {
                 f.at(self.steps);
             }
-            match self.engine_step() {
+            let clock = Instant::now();
+            let stepped = self.engine_step();
+            add(&mut self.trace, clock, |t| &mut t.step);
+            match stepped {
                 Ok(tokens) => {
+                    let clock = Instant::now();
                     for t in tokens {
                         self.on_token(t);
                     }
+                    add(&mut self.trace, clock, |t| &mut t.on_token);
                 }
                 Err(e) => {
                     // Every running job fails; the engine starts over empty.
@@ -347,8 +371,13 @@ impl<'m> Worker<'m> {
                     self.engine = new_engine(self.loaded, &self.options, self.pool.clone());
                 }
             }
+            let clock = Instant::now();
             self.flush();
             self.publish();
+            add(&mut self.trace, clock, |t| &mut t.flush);
+            if self.trace.as_ref().is_some_and(WorkerTrace::due) {
+                self.report_trace();
+            }
         }
     }
 
@@ -413,21 +442,24 @@ impl<'m> Worker<'m> {
                 let _ = q.job.tx.try_send(Event::Error(e));
                 continue;
             }
-            let prepared = match q.prepared.take().map_or_else(|| self.prepare(&q.job), Ok) {
-                Ok(p) => p,
-                Err(e) => {
-                    let _ = q.job.tx.try_send(Event::Error(e));
-                    continue;
-                }
-            };
-            let per_choice = prepared.0.len() + q.job.params.max_tokens;
+            let clock = Instant::now();
+            let checked = if q.checked { Ok(()) } else { self.check(&q.job) };
+            add(&mut self.trace, clock, |t| &mut t.prepare);
+            if let Some(t) = self.trace.as_mut() {
+                t.jobs += usize::from(!q.checked);
+            }
+            if let Err(e) = checked {
+                let _ = q.job.tx.try_send(Event::Error(e));
+                continue;
+            }
+            let prompt_len = q.job.prepared.tokens.len();
+            let per_choice = prompt_len + q.job.params.max_tokens;
             let budget = self.budget_positions();
             if need * (per_choice + CACHE_STEP) > budget {
                 let mut e = ApiError::bad(
                     "max_tokens",
                     format!(
-                        "the prompt ({} tokens) plus max_tokens ({}) for {need} choice(s) needs more KV cache than the server's budget ({budget} positions, --kv-budget-mb)",
-                        prepared.0.len(),
+                        "the prompt ({prompt_len} tokens) plus max_tokens ({}) for {need} choice(s) needs more KV cache than the server's budget ({budget} positions, --kv-budget-mb)",
                         q.job.params.max_tokens
                     ),
                 );
@@ -437,21 +469,21 @@ impl<'m> Worker<'m> {
             }
             if self.padded_positions(need, per_choice) > budget {
                 // Waits (first in line) until running sequences give their room back.
-                q.prepared = Some(prepared);
+                q.checked = true;
                 queue.push_front(q);
                 self.metrics.queue(1, 0);
                 return;
             }
-            let (prompt, reasoning, plan) = prepared;
-            self.start(q.job, prompt, reasoning, plan, per_choice);
+            self.start(q.job, per_choice);
         }
     }
 
     /// Adds a checked job's choices to the batch and tells its handler it started.
-    fn start(&mut self, job: Job, prompt: Vec<u32>, reasoning: Option<bool>, plan: crate::structured::Plan, per_choice: usize) {
+    fn start(&mut self, job: Job, per_choice: usize) {
         let n = job.params.n;
         let timeout = job.timeout_error();
         let expires = job.timeout.map(|t| job.arrived + t);
+        let Prepared { tokens: prompt, reasoning, plan } = job.prepared;
         let state = Rc::new(JobState { params: job.params, outbox: Outbox::new(job.tx), arrived: job.arrived, expires, timeout });
         let mut cached = 0;
         for index in 0..n {
@@ -496,43 +528,11 @@ impl<'m> Worker<'m> {
         self.metrics.queue(0, 1);
     }
 
-    /// Tokenizes and checks the prompt and settings against the model.
-    fn prepare(&mut self, job: &Job) -> Result<(Vec<u32>, Option<bool>, crate::structured::Plan), ApiError> {
-        let loaded = self.loaded;
-        let tok = &loaded.tokenizer;
-        let plan = crate::structured::plan(tok, self.tool_format, &job.params)?;
-        crate::structured::check(&plan, &job.params, self.constraints_if(plan.grammar.is_some() || job.params.tools.active()))?;
-        let mut reasoning = None;
-        let (prompt, param) = match &job.prompt {
-            Prompt::Chat(messages) => {
-                let text = tok.apply_chat_template_json(messages, true, plan.template_tools.as_ref(), &[]).map_err(|e| invalid("messages", e))?;
-                if tok.has_thinking() {
-                    reasoning = Some(tokenizer::prompt_opens_reasoning(&text));
-                }
-                (tok.encode(&text, false).map_err(|e| invalid("messages", e))?, "messages")
-            }
-            Prompt::Text(text) => (tok.encode(text, true).map_err(|e| invalid("prompt", e))?, "prompt"),
-            Prompt::Tokens(ids) => (ids.clone(), "prompt"),
-        };
-        let vocab = loaded.model.vocab_size();
-        if prompt.is_empty() {
-            return Err(ApiError::bad(param, "the prompt encodes to no tokens"));
-        }
-        if let Some(bad) = prompt.iter().find(|&&t| i64::from(t) >= i64::from(vocab)) {
-            return Err(ApiError::bad(param, format!("token id {bad} is outside the vocabulary (ids 0..{})", vocab - 1)));
-        }
-        if let Some(ctx) = loaded.config.get("max_position_embeddings").and_then(|v| v.as_u64()) {
-            if prompt.len() as u64 >= ctx {
-                let mut e = ApiError::bad(param, format!("the prompt has {} tokens; the model's context is {ctx}", prompt.len()));
-                e.code = Some("context_length_exceeded");
-                return Err(e);
-            }
-        }
-        let sampler = &job.params.sampler;
-        let without_bias = engine::SamplerConfig { processors: Default::default(), ..sampler.clone() };
-        without_bias.validate_vocab(vocab).map_err(|e| invalid("top_k", e))?;
-        sampler.processors.validate_vocab(vocab).map_err(|e| invalid("logit_bias", e))?;
-        Ok((prompt, reasoning, plan))
+    /// Checks what the handler could not: that the plan's grammar (and active tools' schemas)
+    /// compile.
+    fn check(&mut self, job: &Job) -> Result<(), ApiError> {
+        let plan = &job.prepared.plan;
+        crate::structured::check(plan, &job.params, self.constraints_if(plan.grammar.is_some() || job.params.tools.active()))
     }
 
     /// The grammar compiler when `needed` (else an `Ok` that is never read).

@@ -19,6 +19,8 @@ pub struct BatchCache {
     /// Per row: the position of the next key, `idx - left_pad` as a (B,) int32 array, made once
     /// per change (every layer's RoPE of queries and keys reads it).
     offsets: Option<Array>,
+    /// `left_pad` as a (B, 1, 1, 1) int32 array for the attention mask, made once per change.
+    pads: Option<Array>,
 }
 
 impl BatchCache {
@@ -30,6 +32,8 @@ impl BatchCache {
     fn refresh_offsets(&mut self) -> Result<()> {
         let offsets: Vec<i32> = self.left_pad.iter().map(|p| self.idx - p).collect();
         self.offsets = if offsets.is_empty() { None } else { Some(Array::from_slice(&offsets, &[offsets.len() as i32])?) };
+        let b = self.left_pad.len() as i32;
+        self.pads = if self.left_pad.iter().all(|&p| p == 0) { None } else { Some(Array::from_slice(&self.left_pad, &[b, 1, 1, 1])?) };
         Ok(())
     }
 
@@ -49,37 +53,108 @@ impl BatchCache {
         if keys.dim(0) != 1 || values.dim(0) != 1 || keys.dim(2) != values.dim(2) {
             return Err(EngineError::Invalid("a batch cache takes one sequence's keys and values at a time".into()));
         }
-        let len = keys.dim(2);
-        let Some((k, v)) = self.keys.take().zip(self.values.take()) else {
-            self.keys = Some(keys.clone());
-            self.values = Some(values.clone());
-            self.idx = len;
-            self.left_pad = vec![0];
-            self.refresh_offsets()?;
+        self.extend_batch(BatchCache::merge(&[Some((keys.clone(), values.clone()))])?)
+    }
+
+    /// A batch of single sequences' filled keys and values ((1, kv_heads, L_i, D) each; `None`: a
+    /// row with no position yet), right-aligned with left padding (mlx-lm's `BatchKVCache.merge`).
+    pub fn merge(rows: &[Option<(Array, Array)>]) -> Result<BatchCache> {
+        let lens: Vec<i32> = rows.iter().map(|r| r.as_ref().map_or(0, |(k, _)| k.dim(2))).collect();
+        let idx = lens.iter().copied().max().unwrap_or(0);
+        let mut cache = BatchCache { left_pad: lens.iter().map(|l| idx - l).collect(), ..BatchCache::default() };
+        if let Some((k0, v0)) = rows.iter().flatten().find(|(k, _)| k.dim(2) > 0).filter(|_| idx > 0) {
+            // Left padding of `n` columns in the shape and dtype of `like`.
+            let pad = |a: Option<&Array>, like: &Array, n: i32| -> Result<Array> {
+                let zeros = ops::zeros(&[1, like.dim(1), n, like.dim(3)], like.dtype())?;
+                Ok(match a {
+                    Some(a) if n == 0 => a.clone(),
+                    Some(a) => ops::concatenate(&[&zeros, a], 2)?,
+                    None => zeros,
+                })
+            };
+            let (mut ks, mut vs) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
+            for (row, &p) in rows.iter().zip(&cache.left_pad) {
+                let (k, v) = row.as_ref().filter(|(k, _)| k.dim(2) > 0).map(|(k, v)| (Some(k), Some(v))).unwrap_or((None, None));
+                ks.push(pad(k, k0, p)?);
+                vs.push(pad(v, v0, p)?);
+            }
+            cache.keys = Some(ops::concatenate(&ks.iter().collect::<Vec<_>>(), 0)?);
+            cache.values = Some(ops::concatenate(&vs.iter().collect::<Vec<_>>(), 0)?);
+            cache.idx = idx;
+        } else {
+            cache.left_pad = vec![0; rows.len()];
+        }
+        cache.refresh_offsets()?;
+        Ok(cache)
+    }
+
+    /// Appends the rows of `other`, aligning the newest positions of old and new rows.
+    pub fn extend_batch(&mut self, other: BatchCache) -> Result<()> {
+        if self.rows() == 0 {
+            *self = other;
             return Ok(());
-        };
-        let (k, v) = (k.slice_axis(2, 0, self.idx)?, v.slice_axis(2, 0, self.idx)?);
-        let new_idx = self.idx.max(len);
-        let pad = |a: &Array, n: i32| -> Result<Array> {
+        }
+        let new_idx = self.idx.max(other.idx);
+        // Every row's filled columns, `n` more columns of left padding in front.
+        let aligned = |a: Option<Array>, idx: i32, n: i32| -> Result<Option<Array>> {
+            let Some(a) = a else { return Ok(None) };
+            let a = a.slice_axis(2, 0, idx)?;
             if n == 0 {
-                return Ok(a.clone());
+                return Ok(Some(a));
             }
             let mut shape = a.shape();
             shape[2] = n;
-            Ok(ops::concatenate(&[&ops::zeros(&shape, a.dtype())?, a], 2)?)
+            Ok(Some(ops::concatenate(&[&ops::zeros(&shape, a.dtype())?, &a], 2)?))
         };
-        let grow = new_idx - self.idx;
-        let (k, v) = (pad(&k, grow)?, pad(&v, grow)?);
-        let (nk, nv) = (pad(keys, new_idx - len)?, pad(values, new_idx - len)?);
-        self.keys = Some(ops::concatenate(&[&k, &nk], 0)?);
-        self.values = Some(ops::concatenate(&[&v, &nv], 0)?);
+        let (grow, other_grow) = (new_idx - self.idx, new_idx - other.idx);
+        let both = |a: Option<Array>, b: Option<Array>| -> Result<Option<Array>> {
+            Ok(match (a, b) {
+                (Some(a), Some(b)) => Some(ops::concatenate(&[&a, &b], 0)?),
+                (None, None) => None,
+                _ => return Err(EngineError::Invalid("a batch row without keys and values joins rows that have them".into())),
+            })
+        };
+        self.keys = both(aligned(self.keys.take(), self.idx, grow)?, aligned(other.keys, other.idx, other_grow)?)?;
+        self.values = both(aligned(self.values.take(), self.idx, grow)?, aligned(other.values, other.idx, other_grow)?)?;
         for p in &mut self.left_pad {
             *p += grow;
         }
-        self.left_pad.push(new_idx - len);
+        self.left_pad.extend(other.left_pad.iter().map(|p| p + other_grow));
         self.idx = new_idx;
         self.refresh_offsets()?;
         Ok(())
+    }
+
+    /// After a prefill of right-padded prompts (row `r`'s last `shift[r]` columns padding), moves
+    /// each row right by its padding, so that every row's newest position is the last column; the
+    /// padding comes round to the front as left padding (mlx-lm's `BatchKVCache.finalize`).
+    /// `index` is [`BatchCache::roll_index`] of `shift`, shared by every layer.
+    pub fn roll_right(&mut self, shift: &[i32], index: &Array) -> Result<()> {
+        if shift.len() != self.rows() {
+            return Err(EngineError::Invalid(format!("{} shifts for a batch of {}", shift.len(), self.rows())));
+        }
+        let idx = self.idx;
+        let roll = |a: Option<Array>| -> Result<Option<Array>> { a.map(|a| Ok(a.slice_axis(2, 0, idx)?.take_along_axis(index, 2)?)).transpose() };
+        self.keys = roll(self.keys.take())?;
+        self.values = roll(self.values.take())?;
+        for (p, s) in self.left_pad.iter_mut().zip(shift) {
+            *p += s;
+        }
+        self.refresh_offsets()?;
+        Ok(())
+    }
+
+    /// The gather indices (rows, 1, columns, 1) int32 of [`BatchCache::roll_right`]: column `c` of
+    /// row `r` takes column `(c - shift[r]) mod columns`.
+    pub fn roll_index(shift: &[i32], columns: i32) -> Result<Array> {
+        let ids: Vec<i32> = shift.iter().flat_map(|&s| (0..columns).map(move |c| (c - s).rem_euclid(columns))).collect();
+        Ok(Array::from_slice(&ids, &[shift.len() as i32, 1, columns, 1])?)
+    }
+
+    /// Sets the per-row RoPE offsets to `offsets` (B,): another layer's, equal by construction,
+    /// so that one array serves every layer of a step.
+    pub fn share_offsets(&mut self, offsets: &Array) {
+        self.offsets = Some(offsets.clone());
     }
 
     /// Keeps only the rows `keep` (in that order); drops padding every kept row has.
@@ -144,7 +219,8 @@ impl KvCache for BatchCache {
         let (k, v) = super::growing::write_in_steps(&mut self.keys, &mut self.values, self.idx, keys, values)?;
         self.idx += keys.dim(2);
         let out = (k.slice_axis(2, 0, self.idx)?, v.slice_axis(2, 0, self.idx)?);
-        self.refresh_offsets()?;
+        // On the device, not uploaded: every row moved on by the same count.
+        self.offsets = self.offsets.take().map(|o| o.add_scalar(f64::from(keys.dim(2)))).transpose()?;
         Ok(out)
     }
 
@@ -158,12 +234,10 @@ impl KvCache for BatchCache {
     /// mlx-lm's `create_causal_mask(N, offset=idx, left_padding=...)`: (B, 1, n, idx + n); no
     /// array while no row is padded.
     fn make_mask(&self, n: i32, window_size: Option<i32>) -> Result<CacheMask> {
-        if self.left_pad.iter().all(|&p| p == 0) {
+        let Some(pads) = self.pads.as_ref() else {
             return create_attention_mask(n, self.idx, false, window_size);
-        }
+        };
         let causal = super::create_causal_mask(n, self.idx, window_size)?; // (n, idx + n)
-        let b = self.rows() as i32;
-        let pads = Array::from_slice(&self.left_pad, &[b, 1, 1, 1])?;
         let cols = ops::arange(0.0, f64::from(self.idx + n), 1.0, Dtype::I32)?;
         Ok(CacheMask::Array(causal.logical_and(&pads.le(&cols)?)?))
     }

@@ -22,7 +22,7 @@ pub use file::{load_prompt_cache, save_prompt_cache, PromptCacheFile};
 pub use growing::GrowingCache;
 pub use list::ListCache;
 pub use mask::{create_attention_mask, create_causal_mask, CacheMask};
-pub use paged::{BlockAllocator, PagedCache, PagedPool};
+pub use paged::{BlockAllocator, PagedCache, PagedPool, StoredSeq};
 pub use quantized::{quantized_sdpa, QuantizedCache};
 pub use rotating::RotatingCache;
 pub use states::StatePrefixCache;

@@ -7,6 +7,7 @@
 pub mod constraint;
 pub mod logprobs;
 pub mod processors;
+pub mod rows;
 pub mod seed;
 
 use crate::error::{EngineError, Result};
@@ -171,11 +172,16 @@ fn neg_inf_like(x: &Array) -> Result<Array> {
 
 /// `apply_top_p`: drops the least likely tokens whose total mass stays below 1 - top_p.
 pub fn apply_top_p(logprobs: &Array, top_p: f64) -> Result<Array> {
+    apply_top_p_rows(logprobs, &Array::scalar(top_p, Dtype::F32)?)
+}
+
+/// [`apply_top_p`] with a float32 `top_p` per row ((B, 1), or a scalar for all).
+pub fn apply_top_p_rows(logprobs: &Array, top_p: &Array) -> Result<Array> {
     let sorted = logprobs.sort(-1)?;
     let sorted_probs = sorted.astype(Dtype::F32)?.exp()?;
     let mass_above = sorted_probs.cumsum(-1, true, false)?;
     let total = mass_above.slice_axis(-1, 0, 1)?.add(&sorted_probs.slice_axis(-1, 0, 1)?)?;
-    let num_dropped = mass_above.ge(&total.mul_scalar(top_p)?)?.sum(&[-1], true)?;
+    let num_dropped = mass_above.ge(&total.mul(top_p)?)?.sum(&[-1], true)?;
     let threshold = sorted.take_along_axis(&num_dropped, -1)?;
     Ok(ops::where_(&logprobs.lt(&threshold)?, &neg_inf_like(logprobs)?, logprobs)?)
 }
@@ -183,8 +189,13 @@ pub fn apply_top_p(logprobs: &Array, top_p: f64) -> Result<Array> {
 /// `apply_min_p`: drops tokens less likely than `min_p` times the top one, keeping at least
 /// `min_tokens_to_keep`.
 pub fn apply_min_p(logprobs: &Array, min_p: f64, min_tokens_to_keep: i32) -> Result<Array> {
+    apply_min_p_rows(logprobs, &Array::scalar(min_p.ln(), logprobs.dtype())?, min_tokens_to_keep)
+}
+
+/// [`apply_min_p`] with `ln(min_p)` per row ((B, 1) in the log-probabilities' dtype, or a scalar).
+pub fn apply_min_p_rows(logprobs: &Array, ln_min_p: &Array, min_tokens_to_keep: i32) -> Result<Array> {
     let top = logprobs.max(&[-1], true)?;
-    let scaled_min_p = top.add_scalar(min_p.ln())?;
+    let scaled_min_p = top.add(ln_min_p)?;
     let mut remove = logprobs.lt(&scaled_min_p)?;
     if min_tokens_to_keep > 1 {
         let k = min_tokens_to_keep;

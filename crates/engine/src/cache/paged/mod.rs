@@ -7,6 +7,7 @@ mod ring;
 
 pub use alloc::{AllocError, BlockAllocator, BlockId, SeqId};
 pub use ring::PagedRingCache;
+pub use prefix::StoredSeq;
 
 use super::{KvCache, StateNode};
 use crate::error::{EngineError, Result};

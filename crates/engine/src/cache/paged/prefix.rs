@@ -6,6 +6,9 @@ use super::{err, PagedCache, PagedPool};
 use crate::error::Result;
 use mlx::Array;
 
+/// One sequence for [`PagedPool::store_all`]: its tokens and their keys and values per layer.
+pub type StoredSeq<'a> = (&'a [u32], &'a [(Array, Array)]);
+
 impl PagedPool {
     /// The longest cached prefix of `tokens` (whole blocks, at most `tokens.len() - 1` positions)
     /// and its keys and values per layer, (1, kv_heads, n, D) each; `(0, [])` when none.
@@ -30,16 +33,26 @@ impl PagedPool {
     /// layer) into the pool, sharing the blocks already cached for the same prefix, and leaves them
     /// cached. Evaluates the pool's storage so that no graph builds up.
     pub fn store(&self, tokens: &[u32], kv: &[(Array, Array)]) -> Result<()> {
-        let (mut caches, reused) = self.new_sequence(tokens);
-        if kv.len() != caches.len() || tokens.len() <= reused {
-            return Ok(());
-        }
-        let (start, stop) = (reused as i32, tokens.len() as i32);
-        for (c, (k, v)) in caches.iter_mut().zip(kv) {
-            c.update_and_fetch(&k.slice_axis(2, start, stop)?, &v.slice_axis(2, start, stop)?)?;
+        self.store_all(&[(tokens, kv)])
+    }
+
+    /// [`PagedPool::store`] of several sequences, the pool's storage evaluated once; one that
+    /// cannot be stored (a full pool) does not keep the others out (the first error is returned).
+    pub fn store_all(&self, seqs: &[StoredSeq<'_>]) -> Result<()> {
+        let mut first_error = None;
+        for &(tokens, kv) in seqs {
+            let (mut caches, reused) = self.new_sequence(tokens);
+            if kv.len() != caches.len() || tokens.len() <= reused {
+                continue;
+            }
+            let (start, stop) = (reused as i32, tokens.len() as i32);
+            let written = caches.iter_mut().zip(kv).try_for_each(|(c, (k, v))| c.update_and_fetch(&k.slice_axis(2, start, stop)?, &v.slice_axis(2, start, stop)?).map(|_| ()));
+            if let Err(e) = written {
+                first_error.get_or_insert(e);
+            }
         }
         let all: Vec<Array> = self.lock().layers.iter().flatten().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
         mlx::eval(&all.iter().collect::<Vec<_>>())?;
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 }

@@ -1,13 +1,15 @@
 //! Continuous batching, as mlx-lm's `BatchGenerator`: sequences join and leave a running batch
 //! between steps, and every step decodes all of them in one forward pass over a [`BatchCache`].
 //!
-//! A new sequence is prefilled on its own (its prompt in chunks, a budget of prompt tokens per
-//! step, so the running sequences keep flowing), starting from the longest prefix the optional
-//! prefix pool holds; its first token is sampled from its last prompt position and it joins the
-//! batch. Each step queues the next one before handing out the current tokens (as
-//! `generate_step`), so the host builds step n+1 while the device computes step n. Sampling is per
-//! sequence: its own settings, logits processors and random key stream. A model whose own caches
-//! cannot be merged into a batch (rotating or chunked ones) runs its sequences one after another,
+//! New sequences are prefilled together in groups (see `prefill.rs`: several prompts in one
+//! forward per chunk, a budget of padded prompt positions per step so the running sequences keep
+//! flowing), each starting from the longest prefix the optional prefix pool holds; the first token
+//! of each is sampled from its last prompt position and the group joins the batch. Each step
+//! queues the next one before handing out the current tokens (as `generate_step`), so the host
+//! builds step n+1 while the device computes step n. Sampling follows each sequence's own
+//! settings, logits processors and random key stream, all rows in one graph
+//! ([`crate::sample::rows`]). A model whose own caches cannot be merged into a batch (rotating or
+//! chunked ones) runs its sequences one after another,
 //! as mlx-lm's server does. A sequence
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
@@ -17,12 +19,19 @@ use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, Pa
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::sample::processors::extend_history;
-use crate::prefill::prefill_chunk;
-use crate::sample::constraint::{apply_mask, commit_and_mask, TokenConstraint};
+use crate::sample::constraint::{commit_and_mask, TokenConstraint};
+use crate::sample::rows::RowSampling;
 use crate::sample::SamplerConfig;
 use mlx::random::KeySeq;
 use mlx::{async_eval, ops, Array};
 use std::collections::VecDeque;
+use std::time::Instant;
+
+mod prefill;
+mod trace;
+use prefill::{Ctx, Group, Prefill, Prefilled};
+pub use trace::StepTrace;
+use trace::lap;
 
 /// One sequence's generation settings.
 pub struct SeqParams {
@@ -39,16 +48,6 @@ pub struct StepToken {
     pub token: u32,
     /// (vocab,) when the sequence asked for them.
     pub logprobs: Option<Array>,
-}
-
-struct Prefill {
-    id: u64,
-    prompt: Vec<u32>,
-    params: SeqParams,
-    /// Positions already in `cache`.
-    done: usize,
-    cache: Vec<Box<dyn KvCache>>,
-    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 struct Row {
@@ -79,12 +78,18 @@ pub struct BatchEngine<'m> {
     /// For models with recurrent layers, the prefix cache instead of `prefix`: snapshots of whole
     /// sequences at block boundaries of their prompts.
     states: Option<StatePrefixCache>,
+    /// Whether newcomers with different prompts are prefilled together (plain KV caches only).
+    groups: bool,
     waiting: VecDeque<Prefill>,
+    /// The newcomers being prefilled now.
+    group: Option<Group>,
     rows: Vec<Row>,
     caches: Vec<Box<dyn KvCache>>,
     pending: Option<Pending>,
     leaving: Vec<u64>,
     steps: usize,
+    /// `MLX_GEN_TRACE`: the steps' time by stage.
+    trace: Option<StepTrace>,
 }
 
 impl<'m> BatchEngine<'m> {
@@ -94,30 +99,35 @@ impl<'m> BatchEngine<'m> {
         let recurrent = has_recurrent_layers(model);
         let states = prefix.as_ref().filter(|_| recurrent).map(|p| StatePrefixCache::new(p.block_size(), p.budget_bytes()));
         // The prefix pool keeps one key/value list per layer: not a layer's cache list.
-        let prefix = prefix.filter(|_| !model.make_cache().iter_mut().any(|c| c.parts_mut().is_some()));
+        let lists = model.make_cache().iter_mut().any(|c| c.parts_mut().is_some());
+        let prefix = prefix.filter(|_| !lists);
+        let batchable = is_batchable(model);
         BatchEngine {
             model,
             layers: model.make_cache().len(),
-            batchable: is_batchable(model),
+            batchable,
+            groups: batchable && !recurrent && !lists,
             prefill_step_size: prefill_step_size.max(1),
             prefix: prefix.filter(|_| !recurrent),
             states,
             waiting: VecDeque::new(),
+            group: None,
             rows: Vec::new(),
             caches: Vec::new(),
             pending: None,
             leaving: Vec::new(),
             steps: 0,
+            trace: StepTrace::from_env(),
         }
     }
 
     /// Sequences decoding now and sequences still being prefilled (ended ones not counted).
     pub fn len(&self) -> (usize, usize) {
-        (self.rows.len() - self.leaving.len(), self.waiting.len())
+        (self.rows.len() - self.leaving.len(), self.waiting.len() + self.group.as_ref().map_or(0, Group::len))
     }
 
     pub fn is_idle(&self) -> bool {
-        self.rows.is_empty() && self.waiting.is_empty()
+        self.rows.is_empty() && self.waiting.is_empty() && self.group.is_none()
     }
 
     /// Queues sequence `id` with `prompt`; returns how many leading prompt tokens came from the
@@ -169,6 +179,8 @@ impl<'m> BatchEngine<'m> {
     pub fn finish(&mut self, id: u64) {
         if let Some(i) = self.waiting.iter().position(|p| p.id == id) {
             self.waiting.remove(i);
+        } else if self.group.as_mut().is_some_and(|g| g.remove(id)) {
+            self.group = None;
         } else if self.rows.iter().any(|r| r.id == id) {
             self.leaving.push(id);
         }
@@ -178,28 +190,42 @@ impl<'m> BatchEngine<'m> {
     /// and decodes one token for every running sequence. Returns the tokens handed out (at most one
     /// per sequence; a sequence that just joined hands out its first).
     pub fn step(&mut self) -> Result<Vec<StepToken>> {
+        let mut clock = Instant::now();
+        let mut times = [std::time::Duration::ZERO; 5];
         self.drop_leaving()?;
+        lap(&mut times[0], &mut clock);
         let joined = self.prefill_some()?;
+        lap(&mut times[1], &mut clock);
         if !joined.is_empty() {
             self.join(joined)?;
         }
-        let Some(current) = self.pending.take() else { return Ok(Vec::new()) };
+        lap(&mut times[2], &mut clock);
+        let Some(current) = self.pending.take() else {
+            self.add_trace(&times, 0);
+            return Ok(Vec::new());
+        };
         let ids = if self.rows.iter().any(|r| r.constraint.is_some()) {
             // The forward pass runs while this step's tokens are committed and the masks computed.
             let logits = self.forward(&current.tokens)?;
             async_eval(&[&logits])?;
+            lap(&mut times[3], &mut clock);
             let ids = current.tokens.to_vec::<u32>()?;
+            lap(&mut times[4], &mut clock);
             let vocab = self.model.vocab_size() as usize;
             let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
-            let next = self.sample_rows(&current.tokens, &logits, Some(&masks))?;
+            let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
             self.queue(next)?;
+            lap(&mut times[3], &mut clock);
             ids
         } else {
             // Queue the next step, then read this one.
             let logits = self.forward(&current.tokens)?;
-            let next = self.sample_rows(&current.tokens, &logits, None)?;
+            let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, None)?;
             self.queue(next)?;
-            current.tokens.to_vec::<u32>()?
+            lap(&mut times[3], &mut clock);
+            let ids = current.tokens.to_vec::<u32>()?;
+            lap(&mut times[4], &mut clock);
+            ids
         };
         let mut out = Vec::with_capacity(ids.len());
         for ((row, &token), logprobs) in self.rows.iter_mut().zip(&ids).zip(current.logprobs) {
@@ -210,8 +236,26 @@ impl<'m> BatchEngine<'m> {
         if self.steps.is_multiple_of(256) {
             mlx::runtime::clear_cache();
         }
+        self.add_trace(&times, out.len());
         Ok(out)
     }
+
+    /// The trace so far (with `MLX_GEN_TRACE` set), and a fresh one started.
+    pub fn take_trace(&mut self) -> Option<StepTrace> {
+        self.trace.as_mut().map(std::mem::take)
+    }
+
+    /// Adds one step's stage times (drop, prefill, join, build, wait) and its tokens to the trace.
+    fn add_trace(&mut self, times: &[std::time::Duration; 5], tokens: usize) {
+        if let Some(t) = self.trace.as_mut() {
+            t.steps += 1;
+            t.tokens += tokens;
+            for (stage, d) in [&mut t.drop, &mut t.prefill, &mut t.join, &mut t.build, &mut t.wait].into_iter().zip(times) {
+                *stage += *d;
+            }
+        }
+    }
+
 
     /// Starts computing `next` (tokens, log-probabilities, the random streams' states) and keeps
     /// it as the step to hand out next.
@@ -242,13 +286,15 @@ impl<'m> BatchEngine<'m> {
             return Ok(());
         }
         if let Some(pool) = &self.prefix {
+            let mut seqs = Vec::new();
             for (i, row) in self.rows.iter().enumerate().filter(|(i, _)| !keep.contains(i)) {
                 let kv = self.caches.iter().map(|c| batch_cache(c.as_ref())?.row(i)).collect::<Result<Vec<_>>>()?;
                 let n = row.tokens.len().min(kv.first().map_or(0, |(k, _)| k.dim(2) as usize));
                 let kv: Vec<(Array, Array)> = kv.iter().map(|(k, v)| Ok((k.slice_axis(2, 0, n as i32)?, v.slice_axis(2, 0, n as i32)?))).collect::<Result<_>>()?;
-                // A full pool only means this sequence is not kept for reuse.
-                let _ = pool.store(&row.tokens[..n], &kv);
+                seqs.push((&row.tokens[..n], kv));
             }
+            // A full pool only means these sequences are not kept for reuse.
+            let _ = pool.store_all(&seqs.iter().map(|(t, kv)| (*t, kv.as_slice())).collect::<Vec<_>>());
         }
         for c in &mut self.caches {
             if let Some(parts) = c.parts_mut() {
@@ -281,65 +327,52 @@ impl<'m> BatchEngine<'m> {
         Ok(())
     }
 
-    /// Runs up to `prefill_step_size` prompt positions of the waiting sequences; returns those
-    /// whose prompt is done, each with its first token queued.
-    fn prefill_some(&mut self) -> Result<Vec<(Prefill, Pending, Option<Array>)>> {
+    /// Runs up to `prefill_step_size` padded prompt positions of the waiting sequences, in groups
+    /// (see [`prefill`]); returns the groups whose prompts are done, each with its first tokens
+    /// queued.
+    fn prefill_some(&mut self) -> Result<Vec<Prefilled>> {
         let mut budget = self.prefill_step_size;
         let mut joined = Vec::new();
         while budget > 0 {
-            // One sequence at a time where the caches cannot be merged.
-            if !self.batchable && (!self.rows.is_empty() || !joined.is_empty()) {
+            if self.group.is_none() {
+                // One sequence at a time where the caches cannot be merged.
+                if !self.batchable && (!self.rows.is_empty() || !joined.is_empty()) {
+                    break;
+                }
+                self.group = Group::take(&mut self.waiting, budget, self.groups, !self.batchable);
+            }
+            let Some(group) = self.group.as_mut() else { break };
+            if budget < group.rows() && budget < self.prefill_step_size {
+                // Not a column of this group left in this step's budget: it goes on next step.
                 break;
             }
-            let Some(p) = self.waiting.front_mut() else { break };
-            let left = p.prompt.len() - p.done;
-            if left > 1 {
-                let mut n = budget.min(left - 1);
-                // With snapshots, each chunk ends at the next block boundary at the latest.
-                if let Some(bs) = self.states.as_ref().map(StatePrefixCache::block_size) {
-                    n = n.min(bs - p.done % bs);
+            let mut ctx = Ctx { model: self.model, states: self.states.as_mut(), prefix: self.prefix.as_ref().filter(|_| self.batchable), trace: &mut self.trace };
+            let (spent, done) = group.advance(&mut ctx, budget, self.prefill_step_size)?;
+            budget = budget.saturating_sub(spent);
+            if let Some(done) = done {
+                self.group = None;
+                if !done.rows.is_empty() {
+                    joined.push(done);
                 }
-                let ids: Vec<i32> = p.prompt[p.done..p.done + n].iter().map(|&t| t as i32).collect();
-                prefill_chunk(self.model, &mut p.cache, &Array::from_slice(&ids, &[1, n as i32])?, None)?;
-                p.done += n;
-                budget -= n;
-                if let Some(states) = self.states.as_mut().filter(|s| p.done % s.block_size() == 0) {
-                    states.store(&p.prompt[..p.done], &p.cache)?;
+                if !self.batchable {
+                    break;
                 }
-                continue;
             }
-            let mut p = self.waiting.pop_front().expect("front exists");
-            budget -= 1;
-            // The last prompt position: its logits give the first token.
-            let last = *p.prompt.last().expect("non-empty prompt");
-            let input = Array::from_slice(&[last as i32], &[1, 1])?;
-            let logits = self.model.forward(&input, &mut p.cache)?.reshape(&[1, -1])?; // (1, vocab)
-            p.done += 1;
-            if let Some(pool) = self.prefix.as_ref().filter(|_| self.batchable) {
-                let kv = p.cache.iter().map(|c| filled(c.as_ref())).collect::<Result<Vec<_>>>()?;
-                let _ = pool.store(&p.prompt, &kv);
-            }
-            let history = history_of(&p.params.sampler, &p.prompt)?;
-            let mask = p.constraint.as_mut().map(|c| c.allowed(self.model.vocab_size() as usize)).transpose()?;
-            let (token, logprobs) = p.params.sampler.process_and_sample_masked(&logits, history.as_ref(), p.params.keys.as_mut(), mask.as_deref())?;
-            async_eval(&[&token, &logprobs])?;
-            let lp = p.params.logprobs.then(|| logprobs.squeeze(&[0])).transpose()?;
-            joined.push((p, Pending { tokens: token, logprobs: vec![lp] }, history));
         }
         Ok(joined)
     }
 
     /// Adds prefilled sequences to the running batch.
-    fn join(&mut self, mut joined: Vec<(Prefill, Pending, Option<Array>)>) -> Result<()> {
+    fn join(&mut self, mut joined: Vec<Prefilled>) -> Result<()> {
         if !self.batchable {
             // The only running sequence (see `prefill_some`), in the model's own caches.
-            let (p, first, history) = joined.pop().ok_or_else(|| EngineError::Invalid("nothing joined".into()))?;
-            if !joined.is_empty() || !self.rows.is_empty() {
+            let mut p = joined.pop().ok_or_else(|| EngineError::Invalid("nothing joined".into()))?;
+            if !joined.is_empty() || !self.rows.is_empty() || p.rows.len() != 1 {
                 return Err(EngineError::Invalid("a model without batch caches runs one sequence at a time".into()));
             }
             self.caches = p.cache;
-            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history, constraint: p.constraint });
-            self.pending = Some(first);
+            self.rows.push(p.rows.pop().expect("one row"));
+            self.pending = Some(p.first);
             return Ok(());
         }
         if self.caches.is_empty() {
@@ -365,26 +398,35 @@ impl<'m> BatchEngine<'m> {
             Some(p) => (vec![p.tokens], p.logprobs),
             None => (Vec::new(), Vec::new()),
         };
-        for (mut p, first, history) in joined {
+        for mut p in joined {
             for (bc, c) in self.caches.iter_mut().zip(p.cache.iter_mut()) {
-                if let (Some(batch), Some(one)) = (bc.parts_mut(), c.parts_mut()) {
-                    for (b, o) in batch.iter_mut().zip(one.iter()) {
-                        let (k, v) = filled(o.as_ref())?;
-                        batch_cache_mut(b)?.extend(&k, &v)?;
-                    }
+                if !p.own {
+                    // Batch caches with one row per member.
+                    let rows = c.as_batch_mut().map(std::mem::take).ok_or_else(|| EngineError::Invalid("a prefilled group without batch caches".into()))?;
+                    batch_cache_mut(bc)?.extend_batch(rows)?;
                     continue;
                 }
-                match (bc.as_arrays_mut(), c.as_arrays()) {
-                    (Some(batch), Some(one)) => batch.extend(one)?,
-                    _ => {
-                        let (k, v) = filled(c.as_ref())?;
-                        batch_cache_mut(bc)?.extend(&k, &v)?;
+                // One sequence's own caches, one row per member (a request's choices share them).
+                for _ in 0..p.rows.len() {
+                    if let (Some(batch), Some(one)) = (bc.parts_mut(), c.parts_mut()) {
+                        for (b, o) in batch.iter_mut().zip(one.iter()) {
+                            let (k, v) = filled(o.as_ref())?;
+                            batch_cache_mut(b)?.extend(&k, &v)?;
+                        }
+                        continue;
+                    }
+                    match (bc.as_arrays_mut(), c.as_arrays()) {
+                        (Some(batch), Some(one)) => batch.extend(one)?,
+                        _ => {
+                            let (k, v) = filled(c.as_ref())?;
+                            batch_cache_mut(bc)?.extend(&k, &v)?;
+                        }
                     }
                 }
             }
-            tokens.push(first.tokens);
-            logprobs.extend(first.logprobs);
-            self.rows.push(Row { id: p.id, params: p.params, tokens: p.prompt, history, constraint: p.constraint });
+            tokens.push(p.first.tokens);
+            logprobs.extend(p.first.logprobs);
+            self.rows.extend(p.rows);
         }
         let tokens = if tokens.len() == 1 { tokens.pop().expect("one") } else { ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)? };
         self.pending = Some(Pending { tokens, logprobs });
@@ -394,40 +436,40 @@ impl<'m> BatchEngine<'m> {
     /// One batched forward over `inputs` (B,): the logits (B, vocab).
     fn forward(&mut self, inputs: &Array) -> Result<Array> {
         let b = inputs.dim(0);
+        // Every layer's rows are at the same positions: one offsets array serves them all.
+        if let Some(offsets) = self.caches.iter().find_map(|c| c.as_batch().and_then(|bc| bc.row_offsets())) {
+            for c in &mut self.caches {
+                if let Some(bc) = c.as_batch_mut() {
+                    bc.share_offsets(&offsets);
+                }
+            }
+        }
         Ok(self.model.forward(&inputs.reshape(&[b, 1])?, &mut self.caches)?.reshape(&[b, -1])?) // (B, vocab)
     }
+}
 
-    /// The next tokens and per-row log-probabilities from `logits` (B, vocab) of `inputs` (B,),
-    /// each constrained row masked by its entry of `masks`.
-    fn sample_rows(&mut self, inputs: &Array, logits: &Array, masks: Option<&[Option<Vec<bool>>]>) -> Result<Pending> {
-        let all_greedy = self.rows.iter().all(|r| r.params.sampler.is_greedy() && r.params.sampler.processors.is_empty());
-        if all_greedy {
-            let logits = match masks {
-                Some(masks) => apply_mask(logits, &masks.iter().flat_map(|m| m.clone().unwrap_or_else(|| vec![true; logits.dim(-1) as usize])).collect::<Vec<_>>())?,
-                None => logits.clone(),
-            };
-            let logprobs = logits.sub(&logits.logsumexp(&[-1], true)?)?;
-            let tokens = logprobs.argmax(-1, false)?;
-            let lps = self.rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| row_of(&logprobs, i)).transpose()).collect::<Result<_>>()?;
-            return Ok(Pending { tokens, logprobs: lps });
-        }
-        let mut tokens = Vec::with_capacity(self.rows.len());
-        let mut lps = Vec::with_capacity(self.rows.len());
-        for (i, row) in self.rows.iter_mut().enumerate() {
-            let input = inputs.slice_axis(0, i as i32, i as i32 + 1)?;
+/// The next tokens and per-row log-probabilities of `rows` from `logits` (B, vocab), in one graph
+/// ([`crate::sample::rows`]), each constrained row masked by its entry of `masks`; `inputs` (B,):
+/// the tokens the logits came from, which join the logits processors' histories (`None` for first
+/// tokens, whose history is the prompt).
+fn sample_rows(rows: &mut [Row], inputs: Option<&Array>, logits: &Array, masks: Option<&[Option<Vec<bool>>]>) -> Result<Pending> {
+    if let Some(inputs) = inputs {
+        for (i, row) in rows.iter_mut().enumerate() {
             let procs = &row.params.sampler.processors;
             if !procs.is_empty() && procs.history_needed() != Some(0) {
+                let input = inputs.slice_axis(0, i as i32, i as i32 + 1)?;
                 row.history = Some(extend_history(row.history.take(), &input, procs.history_needed())?);
             }
-            let mask = masks.and_then(|m| m[i].as_deref());
-            let params = &mut row.params;
-            let (t, lp) = params.sampler.process_and_sample_masked(&logits.slice_axis(0, i as i32, i as i32 + 1)?, row.history.as_ref(), params.keys.as_mut(), mask)?;
-            lps.push(row.params.logprobs.then(|| lp.squeeze(&[0])).transpose()?);
-            tokens.push(t);
         }
-        let tokens = ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?;
-        Ok(Pending { tokens, logprobs: lps })
     }
+    let mut each: Vec<RowSampling<'_>> = rows
+        .iter_mut()
+        .enumerate()
+        .map(|(i, r)| RowSampling { sampler: &r.params.sampler, history: r.history.as_ref(), keys: r.params.keys.as_mut(), allowed: masks.and_then(|m| m[i].as_deref()) })
+        .collect();
+    let sampled = crate::sample::rows::sample_rows(&mut each, logits)?;
+    let logprobs = rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| sampled.row_logprobs(i)).transpose()).collect::<Result<_>>()?;
+    Ok(Pending { tokens: sampled.tokens, logprobs })
 }
 
 /// Whether every cache the model makes is a plain KV cache (mlx-lm's `KVCache`, which `merge`s
@@ -479,8 +521,12 @@ fn history_of(sampler: &SamplerConfig, prompt: &[u32]) -> Result<Option<Array>> 
     Ok(Some(extend_history(None, &Array::from_slice(&ids, &[ids.len() as i32])?, procs.history_needed())?))
 }
 
-fn row_of(a: &Array, i: usize) -> Result<Array> {
-    Ok(a.slice_axis(0, i as i32, i as i32 + 1)?.squeeze(&[0])?)
+/// Counts `positions` prompt positions run in one forward (for the trace).
+fn note_prefill(trace: &mut Option<StepTrace>, positions: usize) {
+    if let Some(t) = trace.as_mut() {
+        t.prefill_positions += positions;
+        t.prefill_forwards += 1;
+    }
 }
 
 fn batch_cache(c: &dyn KvCache) -> Result<&BatchCache> {
