@@ -25,6 +25,8 @@ pub struct LoadedModel {
     pub eos_token_ids: Vec<u32>,
     pub config: serde_json::Value,
     pub path: PathBuf,
+    /// How the checkpoint's tensors reached MLX (bytes, in place in the mapped files, copied).
+    pub weights: checkpoint::LoadStats,
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value> {
@@ -95,6 +97,7 @@ impl LoadedModel {
             }
             _ => None,
         };
+        let weight_stats = weights.load_stats();
         let mut model = models::build(&config, weights)?;
         if let Some(stage) = stage {
             model.pipeline(stage)?;
@@ -117,7 +120,7 @@ impl LoadedModel {
                 eos_token_ids.push(id);
             }
         }
-        Ok(LoadedModel { model, tokenizer, eos_token_ids, config, path: dir.to_owned() })
+        Ok(LoadedModel { model, tokenizer, eos_token_ids, config, path: dir.to_owned(), weights: weight_stats })
     }
 
     /// The last position's logits of one forward pass over `ids` with a fresh cache, as float32.

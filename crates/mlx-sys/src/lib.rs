@@ -7,6 +7,7 @@
 
 pub mod distributed;
 pub mod ffi;
+pub mod mapped;
 
 use std::ffi::{c_int, CStr, CString};
 use std::ptr::{self, NonNull};
