@@ -120,6 +120,7 @@ fn entries(path: &Path, bytes: &[u8]) -> Result<Vec<Entry>> {
 
 /// Maps `path` and makes an array of each of its tensors.
 pub fn load(path: &Path) -> Result<Loaded> {
+    let file = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
     let map = Mapping::open(path).map_err(|e| Error::file(path, e))?;
     let mut stats = LoadStats::default();
     let mut tensors = Vec::new();
@@ -127,9 +128,13 @@ pub fn load(path: &Path) -> Result<Loaded> {
         let bytes = &map.bytes()[e.start..e.end];
         stats.bytes += bytes.len() as u64;
         let aligned = (bytes.as_ptr() as usize) % e.dtype.size() == 0;
-        let a = if bytes.is_empty() || !aligned {
+        let a = if bytes.is_empty() {
             stats.copied += 1;
             Array::from_bytes(bytes, &e.shape, e.dtype)
+        } else if !aligned {
+            // Read, not copied from the mapping: one pass over the bytes instead of two.
+            stats.copied += 1;
+            mlx::io::read_at(&file, e.start as u64, &e.shape, e.dtype)
         } else {
             let (a, in_place) = mlx::io::from_mapping(&map, e.start, &e.shape, e.dtype)?;
             if in_place {

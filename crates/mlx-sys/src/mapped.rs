@@ -1,5 +1,6 @@
 //! Files mapped into memory read-only, and MLX arrays over their bytes without a copy: the
-//! zero-copy half of safetensors loading (the `checkpoint` crate parses the header, in safe code).
+//! zero-copy half of safetensors loading (the `checkpoint` crate parses the header, in safe code),
+//! and [`read_at`] for the tensors a mapping cannot hand over.
 //!
 //! A [`Mapping`] is the whole file, mapped private and read-only; each array made from it holds an
 //! `Arc` of it through MLX's deleter, so the file stays mapped while any array uses its bytes and is
@@ -84,12 +85,7 @@ unsafe extern "C" fn release_mapping(owner: *mut c_void) {
 /// lie inside the mapping, past its first 8 bytes, and start on an element boundary (MLX's kernels
 /// read elements in place); anything else is an error, so that no pointer leaves the mapping.
 pub fn from_mapping(map: &Arc<Mapping>, offset: usize, shape: &[i32], dtype: i32, itemsize: usize) -> Result<(Handle, bool)> {
-    let mut n: usize = 1;
-    for &d in shape {
-        let d = usize::try_from(d).map_err(|_| format!("negative dimension in shape {shape:?}"))?;
-        n = n.checked_mul(d).ok_or_else(|| format!("shape {shape:?} overflows"))?;
-    }
-    let bytes = n.checked_mul(itemsize).ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    let bytes = byte_len(shape, itemsize)?;
     let end = offset.checked_add(bytes).ok_or("tensor range overflows")?;
     if offset < 8 || end > map.len() {
         return Err(format!("bytes {offset}..{end} are outside the mapped file's {} bytes (past its first 8)", map.len()));
@@ -118,4 +114,44 @@ pub fn from_mapping(map: &Arc<Mapping>, offset: usize, shape: &[i32], dtype: i32
         )
     })?;
     Ok((h, zero_copy != 0))
+}
+
+unsafe extern "C" fn release_words(owner: *mut c_void) {
+    // SAFETY: `owner` is the Box made in `read_at`, released exactly once by MLX's deleter.
+    drop(unsafe { Box::from_raw(owner.cast::<Vec<u64>>()) });
+}
+
+/// Bytes of `shape` elements of `itemsize` bytes, checked for overflow and negative dimensions.
+fn byte_len(shape: &[i32], itemsize: usize) -> Result<usize> {
+    let mut n: usize = itemsize;
+    for &d in shape {
+        let d = usize::try_from(d).map_err(|_| format!("negative dimension in shape {shape:?}"))?;
+        n = n.checked_mul(d).ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    }
+    Ok(n)
+}
+
+/// An array of `shape` elements of `dtype` read from `file` at `offset` (`pread`) straight into a
+/// buffer MLX then uses in place on the CPU: one copy, for data a mapping cannot hand over (not on
+/// an element boundary). The caller has checked that the range lies inside the file.
+pub fn read_at(file: &File, offset: u64, shape: &[i32], dtype: i32, itemsize: usize) -> Result<Handle> {
+    use std::os::unix::fs::FileExt;
+    let bytes = byte_len(shape, itemsize)?;
+    // One word of room before the data for the size header MLX's CPU buffers carry; 8-aligned.
+    let mut words = vec![0u64; 1 + bytes.div_ceil(8)];
+    // SAFETY: `words` holds `8 * words.len()` initialised bytes; u8 has no alignment or validity
+    // requirement, and the byte view ends before `words` is used again.
+    let view = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), 8 * words.len()) };
+    view[..8].copy_from_slice(&(bytes as u64).to_le_bytes());
+    file.read_exact_at(&mut view[8..8 + bytes], offset).map_err(|e| format!("reading {bytes} bytes at {offset}: {e}"))?;
+    let mut words = Box::new(words);
+    // SAFETY: the data start one word into the boxed buffer, which lives until MLX releases `owner`.
+    let data = unsafe { words.as_mut_ptr().add(1) }.cast::<c_void>();
+    let owner = Box::into_raw(words).cast::<c_void>();
+    let mut zero_copy: c_int = 0;
+    // SAFETY: `bytes` bytes at `data`, the word before them readable, owned by `owner` until
+    // `release_words` runs on it, once.
+    crate::make(|o| unsafe {
+        ffi::mlxs_array_from_external(o, data, bytes, shape.as_ptr(), crate::len_i32(shape.len()), dtype, owner, release_words, &mut zero_copy)
+    })
 }

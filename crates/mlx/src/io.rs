@@ -37,3 +37,10 @@ pub fn from_mapping(map: &std::sync::Arc<Mapping>, offset: usize, shape: &[i32],
     let (h, zero_copy) = ctx("array from mapped file", mlx_sys::mapped::from_mapping(map, offset, shape, dtype.code(), dtype.size()))?;
     Ok((Array::from_handle(h), zero_copy))
 }
+
+/// An array of `shape` elements of `dtype` read from `file` at byte `offset`, in one copy into a
+/// buffer MLX uses as it is (for data a mapping cannot hand over: not on an element boundary).
+#[track_caller]
+pub fn read_at(file: &std::fs::File, offset: u64, shape: &[i32], dtype: Dtype) -> Result<Array> {
+    ctx("array read from file", mlx_sys::mapped::read_at(file, offset, shape, dtype.code(), dtype.size())).map(Array::from_handle)
+}
