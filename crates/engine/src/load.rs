@@ -80,9 +80,16 @@ impl LoadedModel {
                 }
             }
         }
-        // The tokenizer first: it is cheap and its errors are common.
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        let mut weights = Weights::load_dir(dir)?;
+        // The tokenizer on a second thread (it touches no MLX state) while this one maps the
+        // weights: each takes a few hundred milliseconds on a real model when the weights must be
+        // read. The tokenizer's error first: it is the common one.
+        let (tokenizer, weights) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(|| Tokenizer::from_dir(dir));
+            let weights = Weights::load_dir(dir);
+            (tokenizer.join(), weights)
+        });
+        let tokenizer = tokenizer.map_err(|_| EngineError::Invalid("the tokenizer's loading thread panicked".into()))??;
+        let mut weights = weights?;
         let group = group.filter(|(g, _)| g.size() > 1);
         // A pipeline stage takes only its layers' tensors: the others are never read.
         let stage = match group {
@@ -114,6 +121,8 @@ impl LoadedModel {
         for chunk in params.chunks(batch) {
             mlx::eval(chunk)?;
         }
+        // The tokenizer's parse leaves tens of megabytes free in its thread's heap: give them back.
+        mlx::runtime::trim_host_heap();
         let mut eos_token_ids = ids_of(config.get("eos_token_id"));
         for id in tokenizer.eos_token_ids() {
             if !eos_token_ids.contains(&id) {
