@@ -127,7 +127,7 @@ pub fn load(path: &Path) -> Result<Loaded> {
     for e in entries(path, map.bytes())? {
         let bytes = &map.bytes()[e.start..e.end];
         stats.bytes += bytes.len() as u64;
-        let aligned = (bytes.as_ptr() as usize) % e.dtype.size() == 0;
+        let aligned = (bytes.as_ptr() as usize).is_multiple_of(e.dtype.size());
         let a = if bytes.is_empty() {
             stats.copied += 1;
             Array::from_bytes(bytes, &e.shape, e.dtype)

@@ -23,7 +23,7 @@ fn write(path: &Path, tensors: &[T], align: u64, gap: u64) {
     }
     header.insert("__metadata__".into(), serde_json::json!({"format": "mlx"}));
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -87,12 +87,18 @@ fn check_against_mlx(path: &Path, stored: &[T]) -> safetensors::LoadStats {
     stats
 }
 
+/// Every dtype written as `write(.., align, gap)` and checked against MLX's reader.
+fn every_dtype_written(name: &str, align: u64, gap: u64) -> (Vec<T<'static>>, safetensors::LoadStats) {
+    let path = tmp(name);
+    let stored = every_dtype();
+    write(&path, &stored, align, gap);
+    let stats = check_against_mlx(&path, &stored);
+    (stored, stats)
+}
+
 #[test]
 fn every_dtype_in_place_equals_the_copied_one() {
-    let path = tmp("aligned.safetensors");
-    let stored = every_dtype();
-    write(&path, &stored, 8, 0);
-    let stats = check_against_mlx(&path, &stored);
+    let (stored, stats) = every_dtype_written("aligned.safetensors", 8, 0);
     let nonempty = stored.iter().filter(|t| !t.3.is_empty()).count();
     assert_eq!(stats.bytes, stored.iter().map(|t| t.3.len() as u64).sum::<u64>());
     if mlx_sys::BUILD_BACKEND == "cpu" {
@@ -102,10 +108,7 @@ fn every_dtype_in_place_equals_the_copied_one() {
 
 #[test]
 fn misaligned_data_loads_by_copy() {
-    let path = tmp("misaligned.safetensors");
-    let stored = every_dtype();
-    write(&path, &stored, 1, 1);
-    let stats = check_against_mlx(&path, &stored);
+    let (_, stats) = every_dtype_written("misaligned.safetensors", 1, 1);
     assert!(stats.copied >= 8, "{stats:?}");
 }
 

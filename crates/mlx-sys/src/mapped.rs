@@ -91,7 +91,7 @@ pub fn from_mapping(map: &Arc<Mapping>, offset: usize, shape: &[i32], dtype: i32
         return Err(format!("bytes {offset}..{end} are outside the mapped file's {} bytes (past its first 8)", map.len()));
     }
     let addr = map.ptr.as_ptr() as usize + offset;
-    if itemsize > 0 && addr % itemsize != 0 {
+    if itemsize > 0 && !addr.is_multiple_of(itemsize) {
         return Err(format!("data at offset {offset} is not aligned to its {itemsize}-byte elements"));
     }
     let owner = Box::into_raw(Box::new(Arc::clone(map))).cast::<c_void>();
