@@ -191,15 +191,6 @@ bool cpu_buffer_layout() {
   return ok;
 }
 
-// An array over `bytes` bytes at `data` that MLX does not own: `release` runs once MLX no longer
-// needs them. On the CPU-only backend the array uses them in place (MLX 0.32.4's CPU allocator has
-// no `make_buffer`, so its raw-pointer constructor would copy): the buffer handed to MLX is
-// `data - 8`, laid out as that allocator's own, and as a buffer MLX does not own (`Data` with a
-// deleter) it is never freed by the allocator, never donated to an output (`is_donatable` needs an
-// owned buffer) and its size header is never read. Elsewhere MLX's raw-pointer constructor decides:
-// no copy where its allocator can wrap the pointer (Metal, page-aligned), else one copy into its own
-// buffer (CUDA: that buffer then moves to the device once), after which `release` runs at once.
-// `*zero_copy` says which happened. `data - 8` must be readable memory the caller owns.
 // Bytes of `shape` elements of `dtype`, or an exception for a negative dimension.
 size_t checked_bytes(const mx::Shape& shape, mx::Dtype dtype) {
   size_t n = 1;
@@ -212,17 +203,13 @@ size_t checked_bytes(const mx::Shape& shape, mx::Dtype dtype) {
   return n * dtype.size();
 }
 
-// An array over `bytes` bytes at `data` that MLX does not own: `release` runs once MLX no longer
-// needs them. On the CPU-only backend the array uses them in place (MLX 0.32.4's CPU allocator has
-// no `make_buffer`, so its raw-pointer constructor would copy): the buffer handed to MLX is
-// `data - 8`, laid out as that allocator's own, and as a buffer MLX does not own (`Data` with a
-// deleter) it is never freed by the allocator, never donated to an output (`is_donatable` needs an
-// owned buffer) and its size header is never read. Elsewhere MLX's raw-pointer constructor decides:
-// no copy where its allocator can wrap the pointer (Metal, page-aligned), else one copy into its own
-// buffer (CUDA: that buffer then moves to the device once), after which `release` runs at once.
-// `*zero_copy` says which happened. `data - 8` must be readable memory the caller owns; the caller
-// has checked `bytes` against `checked_bytes` (nothing here throws before `release` is taken, but
-// for running out of memory).
+// An array over `bytes` bytes at `data` that MLX does not own; `release` runs once MLX is done
+// with them. CPU-only backend: used in place as the buffer `data - 8` in that allocator's layout,
+// wrapped as a `Data` with a deleter (MLX 0.32.4's CPU `make_buffer` is missing, so its raw-pointer
+// constructor would copy); an unowned buffer is never freed by the allocator nor donated to an
+// output, so its size header is never read. Elsewhere MLX's raw-pointer constructor decides (in
+// place on Metal for page-aligned data; one copy on CUDA, then `release` at once). `*zero_copy`
+// says which. The caller checked `bytes` (only running out of memory throws before `release` is taken).
 mx::array external_array(void* data, size_t bytes, mx::Shape shape, mx::Dtype dtype,
                          std::function<void()> release, int* zero_copy) {
   if (bytes > 0 && cpu_buffer_layout()) {
