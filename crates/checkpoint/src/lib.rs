@@ -3,11 +3,15 @@
 //!
 //! This crate owns reading a model folder's weights into a strict weight map and nothing else: it
 //! never builds or runs a model (the engine does), never downloads or imports other formats (the
-//! `formats` crate does). Its only MLX use is reading safetensors into arrays.
+//! `formats` crate does). Its only MLX use is reading safetensors into arrays: memory-mapped, each
+//! tensor used in place by MLX where the backend can (see [`safetensors`]).
 #![forbid(unsafe_code)]
+pub mod safetensors;
+
+pub use safetensors::LoadStats;
 use mlx::Array;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -45,11 +49,13 @@ pub struct Weights {
     taken: RefCell<BTreeSet<String>>,
     /// A pipeline stage's layers: the only ones the model loads (see [`Weights::keep_layers`]).
     layers: Option<Range<i32>>,
+    /// How the files' tensors reached MLX (zero for a map built in memory).
+    stats: LoadStats,
 }
 
 impl Weights {
     pub fn from_map(tensors: HashMap<String, Array>) -> Self {
-        Weights { tensors: RefCell::new(tensors), taken: RefCell::new(BTreeSet::new()), layers: None }
+        Weights { tensors: RefCell::new(tensors), taken: RefCell::new(BTreeSet::new()), layers: None, stats: LoadStats::default() }
     }
 
     /// The tensors not taken yet, by name (for `convert`, after an architecture's `sanitize`).
@@ -80,17 +86,24 @@ impl Weights {
         self.layers.as_ref().map_or(0, |r| r.start)
     }
 
-    /// Reads `model*.safetensors` in `dir` (the files an index names, or all that match).
+    /// Maps `model*.safetensors` in `dir` (the files an index names, or all that match); every
+    /// header is checked against its file before any tensor is made.
     pub fn load_dir(dir: &Path) -> Result<Weights> {
         let mut tensors = HashMap::new();
+        let mut stats = LoadStats::default();
         for file in weight_files(dir)? {
-            check_safetensors(&file)?;
-            let st = mlx::io::load_safetensors(&file).map_err(|e| Error::file(&file, e.message))?;
-            for (name, a) in st.tensors {
+            let loaded = safetensors::load(&file)?;
+            stats.add(loaded.stats);
+            for (name, a) in loaded.tensors {
                 tensors.insert(name, a);
             }
         }
-        Ok(Weights::from_map(tensors))
+        Ok(Weights { stats, ..Weights::from_map(tensors) })
+    }
+
+    /// How the checkpoint's tensors reached MLX: bytes, in place and copied.
+    pub fn load_stats(&self) -> LoadStats {
+        self.stats
     }
 
     /// Drops tensors the architecture knows it does not need (mlx-lm's `sanitize`).
@@ -259,39 +272,6 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
         return Err(Error::file(dir, "no model*.safetensors weights in this folder"));
     }
     Ok(files)
-}
-
-/// Checks a safetensors header and that the file holds all the bytes it announces, so that a
-/// truncated download fails at load with its name rather than later inside MLX.
-fn check_safetensors(path: &Path) -> Result<()> {
-    use std::io::Read;
-    let bad = |m: &str| Error::file(path, format!("not a valid safetensors file: {m}"));
-    let mut f = fs::File::open(path).map_err(|e| Error::file(path, e))?;
-    let len = f.metadata().map_err(|e| Error::file(path, e))?.len();
-    let mut n = [0u8; 8];
-    f.read_exact(&mut n).map_err(|_| bad("shorter than its header"))?;
-    let header_len = u64::from_le_bytes(n);
-    if header_len > 100_000_000 || 8 + header_len > len {
-        return Err(bad("header length out of range"));
-    }
-    let mut header = vec![0u8; header_len as usize];
-    f.read_exact(&mut header).map_err(|_| bad("truncated header"))?;
-    let json: BTreeMap<String, serde_json::Value> =
-        serde_json::from_slice(&header).map_err(|e| bad(&format!("header is not JSON ({e})")))?;
-    let mut end = 0u64;
-    for (name, v) in &json {
-        if name == "__metadata__" {
-            continue;
-        }
-        let offsets = v.get("data_offsets").and_then(|o| o.as_array()).ok_or_else(|| bad("tensor without offsets"))?;
-        if let Some(stop) = offsets.get(1).and_then(|x| x.as_u64()) {
-            end = end.max(stop);
-        }
-    }
-    if 8 + header_len + end > len {
-        return Err(bad(&format!("truncated: {} bytes of tensor data announced, {} present", end, len - 8 - header_len)));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -54,6 +54,10 @@ fn bench(batch: usize) {
     assert_eq!(v["batch_size"].as_u64(), Some(batch as u64));
     let load = v["load_s"].as_f64().unwrap();
     assert!(load > 0.0 && load < 60.0, "load_s {load}");
+    let l = &v["load"];
+    let u = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("load.{k} missing: {l}"));
+    assert!(u("weights_bytes") > 0 && u("tensors_in_place") + u("tensors_copied") > 0, "{l}");
+    assert!(u("rss_after_load_bytes") > 0 && u("rss_after_trials_bytes") > 0, "{l}");
     let trials = v["trials"].as_array().unwrap();
     assert_eq!(trials.len(), n);
     for t in trials.iter().chain([&v["median"]]) {

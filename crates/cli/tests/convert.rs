@@ -1,6 +1,8 @@
 //! `mlx-gen convert` against `mlx_lm.convert` on the tiny float models of the oracle matrix: the
 //! output folders must be equal tensor for tensor (tests/oracle/convert_compare.py) with the same
 //! config.json, and mlx-gen's greedy tokens from our folder must equal mlx-lm's from its folder.
+//! Our files start every tensor's data on a 16 KiB page (for zero-copy loading) and mlx-lm reads
+//! them as they are.
 
 mod common;
 
@@ -80,6 +82,39 @@ fn case_from(name: &str, src: &Path, flags: &[&str]) {
 #[test]
 fn q4_g64_equals_mlx_lm() {
     case("llama3-q4g64", "llama3-f32", &["-q"]);
+}
+
+/// Absolute file offsets of every tensor's data in one safetensors file.
+fn data_starts(path: &Path) -> Vec<(String, u64)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n as usize]).unwrap();
+    let tensors = header.into_iter().filter(|(k, _)| k != "__metadata__");
+    tensors.map(|(k, v)| (k, 8 + n + v["data_offsets"][0].as_u64().unwrap())).collect()
+}
+
+#[test]
+fn page_aligned_output_is_what_mlx_lm_loads() {
+    let dir = work("aligned-q4");
+    let ours = dir.join("ours");
+    let out = ours_convert(&["--model", common::model("qwen2-bf16").to_str().unwrap(), "--mlx-path", ours.to_str().unwrap(), "-q"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let starts = data_starts(&ours.join("model.safetensors"));
+    assert!(starts.len() > 10);
+    for (name, at) in &starts {
+        assert_eq!(at % 16384, 0, "{name} starts at {at}");
+    }
+    // mlx-lm's load() on our folder gives the tokens mlx-gen gives on it.
+    same_generation(&ours, &ours);
+    // And mlx-gen on the CPU uses every tensor in place (bench's load report; CUDA copies each once).
+    let o = common::mlx_gen(&["bench", "--model", ours.to_str().unwrap(), "-p", "4", "-g", "2", "-n", "1", "--json"], None);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    if !v["device"].as_str().unwrap_or_default().to_lowercase().contains("cpu") {
+        return;
+    }
+    assert_eq!(v["load"]["tensors_in_place"].as_u64(), Some(starts.len() as u64), "{}", v["load"]);
+    assert_eq!(v["load"]["tensors_copied"].as_u64(), Some(0), "{}", v["load"]);
 }
 
 #[test]

@@ -26,6 +26,8 @@ pub struct LoadedModel {
     pub eos_token_ids: Vec<u32>,
     pub config: serde_json::Value,
     pub path: PathBuf,
+    /// How the checkpoint's tensors reached MLX (bytes, in place in the mapped files, copied).
+    pub weights: checkpoint::LoadStats,
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value> {
@@ -79,9 +81,16 @@ impl LoadedModel {
                 }
             }
         }
-        // The tokenizer first: it is cheap and its errors are common.
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        let mut weights = Weights::load_dir(dir)?;
+        // The tokenizer on a second thread (it touches no MLX state) while this one maps the
+        // weights: each takes a few hundred milliseconds on a real model when the weights must be
+        // read. The tokenizer's error first: it is the common one.
+        let (tokenizer, weights) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(|| Tokenizer::from_dir(dir));
+            let weights = Weights::load_dir(dir);
+            (tokenizer.join(), weights)
+        });
+        let tokenizer = tokenizer.map_err(|_| EngineError::Invalid("the tokenizer's loading thread panicked".into()))??;
+        let mut weights = weights?;
         let group = group.filter(|(g, _)| g.size() > 1);
         // A pipeline stage takes only its layers' tensors: the others are never read.
         let stage = match group {
@@ -96,6 +105,7 @@ impl LoadedModel {
             }
             _ => None,
         };
+        let weight_stats = weights.load_stats();
         let mut model = models::build(&config, weights)?;
         if let Some(stage) = stage {
             model.pipeline(stage)?;
@@ -112,13 +122,15 @@ impl LoadedModel {
         for chunk in params.chunks(batch) {
             mlx::eval(chunk)?;
         }
+        // The tokenizer's parse leaves tens of megabytes free in its thread's heap: give them back.
+        mlx::runtime::trim_host_heap();
         let mut eos_token_ids = ids_of(config.get("eos_token_id"));
         for id in tokenizer.eos_token_ids() {
             if !eos_token_ids.contains(&id) {
                 eos_token_ids.push(id);
             }
         }
-        Ok(LoadedModel { model, tokenizer: std::sync::Arc::new(tokenizer), eos_token_ids, config, path: dir.to_owned() })
+        Ok(LoadedModel { model, tokenizer: std::sync::Arc::new(tokenizer), eos_token_ids, config, path: dir.to_owned(), weights: weight_stats })
     }
 
     /// The last position's logits of one forward pass over `ids` with a fresh cache, as float32.

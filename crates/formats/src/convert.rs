@@ -346,7 +346,8 @@ pub fn convert_folder(
     Ok(summary)
 }
 
-/// mlx-lm's `save_model`: shards of at most 5 GiB (`model.safetensors` when one) and an index.
+/// mlx-lm's `save_model`: shards of at most 5 GiB (`model.safetensors` when one) and an index;
+/// each tensor page-aligned in its file ([`crate::aligned`]) so that loading maps it in place.
 fn write_weights(out: &Path, tensors: &[(String, Array)], parameters: usize) -> Result<()> {
     let mut shards: Vec<Vec<&(String, Array)>> = Vec::new();
     let mut size = 0usize;
@@ -367,7 +368,7 @@ fn write_weights(out: &Path, tensors: &[(String, Array)], parameters: usize) -> 
             if count > 1 { format!("model-{:05}-of-{count:05}.safetensors", i + 1) } else { "model.safetensors".to_owned() };
         let refs: Vec<(&str, &Array)> = shard.iter().map(|(n, a)| (n.as_str(), a)).collect();
         let path = out.join(&file);
-        mlx::io::save_safetensors(&path, &refs, &[("format", "mlx")]).map_err(|e| io(&path, e))?;
+        crate::aligned::save(&path, &refs, &[("format", "mlx")])?;
         for (n, _) in shard {
             weight_map.insert(n.clone(), Value::String(file.clone()));
         }

@@ -7,6 +7,7 @@
 //! `sanitize`, config updates) is handed in by the caller as [`convert::ModelRules`], from the engine's registry.
 #![forbid(unsafe_code)]
 
+pub mod aligned;
 pub mod convert;
 pub mod default_model;
 pub mod gguf;

@@ -172,22 +172,91 @@ int mlxs_array_clone(mlxs_array* out, const mlxs_array a) {
   return guard([&] { *out = wrap(arr(a)); });
 }
 
+namespace {
+
+// Whether this MLX's allocator is the CPU-only one (mlx/backend/no_gpu), whose buffers are a
+// `size_t` size header followed by the data (`Buffer::raw_ptr()` is `ptr + 8`). Checked once on a
+// real allocation rather than assumed, so that another allocator (CUDA's, Metal's) is never given
+// a buffer in this layout.
+bool cpu_buffer_layout() {
+  static const bool ok = [] {
+    if (mx::is_available(mx::Device::gpu)) {
+      return false;
+    }
+    auto data = mx::allocator::malloc(24);
+    auto buffer = data.buffer();
+    return buffer.raw_ptr() == static_cast<char*>(buffer.ptr()) + sizeof(size_t) &&
+           mx::allocator::allocator().size(buffer) == 24;
+  }();
+  return ok;
+}
+
+// Bytes of `shape` elements of `dtype`, or an exception for a negative dimension.
+size_t checked_bytes(const mx::Shape& shape, mx::Dtype dtype) {
+  size_t n = 1;
+  for (auto d : shape) {
+    if (d < 0) {
+      throw std::invalid_argument("negative dimension");
+    }
+    n *= static_cast<size_t>(d);
+  }
+  return n * dtype.size();
+}
+
+// An array over `bytes` bytes at `data` that MLX does not own; `release` runs once MLX is done
+// with them. CPU-only backend: used in place as the buffer `data - 8` in that allocator's layout,
+// wrapped as a `Data` with a deleter (MLX 0.32.4's CPU `make_buffer` is missing, so its raw-pointer
+// constructor would copy); an unowned buffer is never freed by the allocator nor donated to an
+// output, so its size header is never read. Elsewhere MLX's raw-pointer constructor decides (in
+// place on Metal for page-aligned data; one copy on CUDA, then `release` at once). `*zero_copy`
+// says which. The caller checked `bytes` (only running out of memory throws before `release` is taken).
+mx::array external_array(void* data, size_t bytes, mx::Shape shape, mx::Dtype dtype,
+                         std::function<void()> release, int* zero_copy) {
+  if (bytes > 0 && cpu_buffer_layout()) {
+    mx::allocator::Buffer buffer(static_cast<char*>(data) - sizeof(size_t));
+    mx::allocator::Data owned(buffer, [release = std::move(release)](mx::allocator::Buffer) { release(); });
+    *zero_copy = 1;
+    return mx::array(std::move(owned), std::move(shape), dtype);
+  }
+  // The copy path calls the deleter inside the constructor: that is how a copy shows.
+  auto released = std::make_shared<bool>(false);
+  mx::array a(data, std::move(shape), dtype, [released, release = std::move(release)](void*) {
+    *released = true;
+    release();
+  });
+  *zero_copy = *released ? 0 : 1;
+  return a;
+}
+
+}  // namespace
+
 int mlxs_array_from_data(mlxs_array* out, const void* data, const int32_t* shape, int ndim, int dtype) {
   return guard([&] {
     auto dt = dtype_of(dtype);
     auto sh = shape_of(shape, ndim);
-    size_t n = 1;
-    for (auto d : sh) {
-      n *= static_cast<size_t>(d);
-    }
-    // Copy first so that the caller's memory can go away; MLX frees the copy when done with it.
-    size_t bytes = n * dt.size();
-    void* copy = std::malloc(bytes > 0 ? bytes : 1);
-    if (copy == nullptr) {
+    size_t bytes = checked_bytes(sh, dt);
+    // Copy once so that the caller's memory can go away, behind a size header as MLX's CPU
+    // allocator lays out its buffers (see external_array); MLX frees the copy when done with it.
+    auto block = static_cast<char*>(std::malloc(bytes + sizeof(size_t)));
+    if (block == nullptr) {
       throw std::bad_alloc();
     }
-    std::memcpy(copy, data, bytes);
-    *out = wrap(mx::array(copy, sh, dt, [](void* p) { std::free(p); }));
+    std::memcpy(block, &bytes, sizeof(size_t));
+    std::memcpy(block + sizeof(size_t), data, bytes);
+    int zero_copy = 0;
+    *out = wrap(external_array(block + sizeof(size_t), bytes, std::move(sh), dt, [block] { std::free(block); }, &zero_copy));
+  });
+}
+
+int mlxs_array_from_external(mlxs_array* out, void* data, size_t bytes, const int32_t* shape, int ndim,
+                             int dtype, void* owner, void (*release)(void*), int* zero_copy) {
+  return guard([&] {
+    auto dt = dtype_of(dtype);
+    auto sh = shape_of(shape, ndim);
+    if (checked_bytes(sh, dt) != bytes) {
+      throw std::invalid_argument("external data size does not match its shape and dtype");
+    }
+    *out = wrap(external_array(data, bytes, std::move(sh), dt, [owner, release] { release(owner); }, zero_copy));
   });
 }
 

@@ -32,6 +32,11 @@ int mlxs_default_device_is_gpu(void);
 void mlxs_array_free(mlxs_array a);
 int mlxs_array_clone(mlxs_array* out, const mlxs_array a);
 int mlxs_array_from_data(mlxs_array* out, const void* data, const int32_t* shape, int ndim, int dtype);
+/* An array over `bytes` bytes at `data` (row-major `shape` of `dtype`) that the caller owns:
+ * release(owner) runs once MLX no longer needs them (at once if MLX copied them). *zero_copy is 1
+ * when the array uses the bytes in place. The 8 bytes before `data` must be readable. */
+int mlxs_array_from_external(mlxs_array* out, void* data, size_t bytes, const int32_t* shape, int ndim,
+                             int dtype, void* owner, void (*release)(void*), int* zero_copy);
 int mlxs_array_scalar(mlxs_array* out, double value, int dtype);
 int mlxs_array_ndim(const mlxs_array a);
 int mlxs_array_shape(const mlxs_array a, int32_t* shape);

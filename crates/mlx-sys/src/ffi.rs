@@ -1,7 +1,7 @@
 //! `extern "C"` declarations of `shim/shim.h`, one for one. Declarations only.
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_char, c_double, c_float, c_int};
+use std::ffi::{c_char, c_double, c_float, c_int, c_void};
 
 #[repr(C)]
 pub struct mlxs_array_ {
@@ -38,6 +38,17 @@ extern "C" {
         shape: *const i32,
         ndim: c_int,
         dtype: c_int,
+    ) -> c_int;
+    pub fn mlxs_array_from_external(
+        out: *mut mlxs_array,
+        data: *mut c_void,
+        bytes: usize,
+        shape: *const i32,
+        ndim: c_int,
+        dtype: c_int,
+        owner: *mut c_void,
+        release: unsafe extern "C" fn(*mut c_void),
+        zero_copy: *mut c_int,
     ) -> c_int;
     pub fn mlxs_array_scalar(out: *mut mlxs_array, value: c_double, dtype: c_int) -> c_int;
     pub fn mlxs_array_ndim(a: mlxs_array) -> c_int;

@@ -7,6 +7,7 @@
 
 pub mod distributed;
 pub mod ffi;
+pub mod mapped;
 
 use std::ffi::{c_int, CStr, CString};
 use std::ptr::{self, NonNull};
@@ -657,6 +658,16 @@ pub fn reset_peak_memory() {
 }
 pub fn clear_cache() {
     unsafe { ffi::mlxs_clear_cache() }
+}
+/// Hands the C heap's free memory back to the OS (glibc's `malloc_trim`, every arena; a no-op
+/// elsewhere): after a load whose temporary allocations (a tokenizer's parse, on another thread)
+/// would otherwise stay resident.
+pub fn trim_host_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 pub fn set_cache_limit(limit: usize) -> usize {
     unsafe { ffi::mlxs_set_cache_limit(limit) }

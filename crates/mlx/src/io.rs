@@ -1,5 +1,5 @@
 //! Reading and writing safetensors files through MLX.
-use crate::array::Array;
+use crate::array::{Array, Dtype};
 use crate::error::{ctx, Result};
 use std::path::Path;
 
@@ -23,4 +23,24 @@ pub fn load_safetensors(path: &Path) -> Result<SafeTensors> {
 pub fn save_safetensors(path: &Path, tensors: &[(&str, &Array)], metadata: &[(&str, &str)]) -> Result<()> {
     let t: Vec<(&str, &mlx_sys::Handle)> = tensors.iter().map(|(n, a)| (*n, a.handle())).collect();
     ctx("save_safetensors", mlx_sys::save_safetensors(&path.to_string_lossy(), &t, metadata))
+}
+
+/// A file mapped read-only into memory, whose bytes arrays can use in place ([`from_mapping`]).
+pub use mlx_sys::mapped::Mapping;
+
+/// An array over `map`'s bytes from `offset` (row-major `shape` of `dtype`), used in place where the
+/// backend can (the CPU; Metal for page-aligned data) and copied once elsewhere (CUDA); the second
+/// value says whether it is in place. The mapping stays alive while the array needs it. The range
+/// must lie inside the mapping, past its first 8 bytes, aligned to the element size.
+#[track_caller]
+pub fn from_mapping(map: &std::sync::Arc<Mapping>, offset: usize, shape: &[i32], dtype: Dtype) -> Result<(Array, bool)> {
+    let (h, zero_copy) = ctx("array from mapped file", mlx_sys::mapped::from_mapping(map, offset, shape, dtype.code(), dtype.size()))?;
+    Ok((Array::from_handle(h), zero_copy))
+}
+
+/// An array of `shape` elements of `dtype` read from `file` at byte `offset`, in one copy into a
+/// buffer MLX uses as it is (for data a mapping cannot hand over: not on an element boundary).
+#[track_caller]
+pub fn read_at(file: &std::fs::File, offset: u64, shape: &[i32], dtype: Dtype) -> Result<Array> {
+    ctx("array read from file", mlx_sys::mapped::read_at(file, offset, shape, dtype.code(), dtype.size())).map(Array::from_handle)
 }

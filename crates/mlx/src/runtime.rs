@@ -92,6 +92,11 @@ pub fn clear_cache() {
     mlx_sys::clear_cache()
 }
 
+/// Returns the host heap's free memory to the OS (glibc; a no-op elsewhere), e.g. after loading.
+pub fn trim_host_heap() {
+    mlx_sys::trim_host_heap()
+}
+
 pub fn set_cache_limit(bytes: usize) -> usize {
     mlx_sys::set_cache_limit(bytes)
 }

@@ -7,6 +7,9 @@
 //! is a plain generation and a speculative one, alternating, and the report adds the speculative
 //! run's decode rate, its ratio to plain in the same trials, the acceptance rate, tokens and time
 //! per round (`--prompt-file` gives a real text, through the chat template, for prompt lookup).
+//! Loading is reported beside the trials: its time, the weights' bytes, how many tensors MLX uses
+//! in place in the mapped files, and the process's resident memory (VmRSS) after load and after the
+//! trials (mapped weight pages count once touched).
 use super::generate::speculative::SpecArgs;
 use anyhow::{bail, Context, Result};
 use engine::{GenerateConfig, Generator, LoadedModel, SpecStats};
@@ -96,6 +99,27 @@ struct Trial {
     total_s: f64,
 }
 
+/// What loading cost in memory, beside its time.
+#[derive(Serialize)]
+struct LoadReport {
+    /// Bytes of tensor data in the checkpoint's files.
+    weights_bytes: u64,
+    /// Tensors MLX uses in place in the mapped files, and tensors copied once.
+    tensors_in_place: usize,
+    tensors_copied: usize,
+    /// Resident memory (VmRSS) right after load and after the trials, bytes (0 where the OS has no
+    /// /proc/self/status).
+    rss_after_load_bytes: u64,
+    rss_after_trials_bytes: u64,
+}
+
+/// This process's resident memory in bytes (VmRSS of /proc/self/status), 0 where unavailable.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kb.unwrap_or(0) * 1024
+}
+
 #[derive(Serialize)]
 struct Report {
     model: String,
@@ -104,6 +128,7 @@ struct Report {
     generation_tokens: usize,
     batch_size: usize,
     load_s: f64,
+    load: LoadReport,
     trials: Vec<Trial>,
     median: Trial,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,6 +146,7 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     }
     let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
     let (loaded, load_s) = crate::rank::load_model(&model_dir, args.pipeline)?;
+    let rss_after_load = resident_bytes();
     // On several ranks rank 0 alone reports (the others run the same trials silently).
     let leader = crate::rank::is_leader();
     let table = !args.json && leader;
@@ -202,7 +228,15 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     if !leader {
         return Ok(());
     }
+    let load = LoadReport {
+        weights_bytes: loaded.weights.bytes,
+        tensors_in_place: loaded.weights.in_place,
+        tensors_copied: loaded.weights.copied,
+        rss_after_load_bytes: rss_after_load,
+        rss_after_trials_bytes: resident_bytes(),
+    };
     let report = Report {
+        load,
         pacing,
         model: model_dir.display().to_string(),
         device: device.to_owned(),
@@ -220,6 +254,15 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         println!(
             "Averages: load_s={:.3}, ttft_s={:.4}, prompt_tps={:.3}, generation_tps={:.3}, peak_memory={:.3}",
             report.load_s, median.ttft_s, median.prompt_tps, median.generation_tps, median.peak_memory_gb
+        );
+        let mb = |b: u64| b as f64 / 1e6;
+        println!(
+            "Load: weights={:.1} MB ({} tensors in place, {} copied), rss_after_load={:.1} MB, rss_after_trials={:.1} MB",
+            mb(report.load.weights_bytes),
+            report.load.tensors_in_place,
+            report.load.tensors_copied,
+            mb(report.load.rss_after_load_bytes),
+            mb(report.load.rss_after_trials_bytes)
         );
         if let Some(s) = &report.speculative {
             println!(

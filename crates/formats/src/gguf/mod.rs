@@ -246,7 +246,7 @@ fn write_folder(gguf: &Path, dir: &Path, opts: &ImportOptions) -> Result<ImportS
 
     let st = dir.join("model.safetensors");
     let refs: Vec<(&str, &Array)> = out.iter().map(|(n, a)| (n.as_str(), a)).collect();
-    mlx::io::save_safetensors(&st, &refs, &[("format", "mlx")]).map_err(|e| io(&st, e))?;
+    crate::aligned::save(&st, &refs, &[("format", "mlx")]).map_err(|e| GgufError::Io(e.to_string()))?;
     drop(refs);
     drop(out);
     fs::write(dir.join("tokenizer.json"), tok_text).map_err(|e| io(&dir.join("tokenizer.json"), e))?;
