@@ -99,11 +99,20 @@ fn page_aligned_output_is_what_mlx_lm_loads() {
     let ours = dir.join("ours");
     let out = ours_convert(&["--model", common::model("qwen2-bf16").to_str().unwrap(), "--mlx-path", ours.to_str().unwrap(), "-q"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let starts = data_starts(&ours.join("model.safetensors"));
+    let file = ours.join("model.safetensors");
+    let starts = data_starts(&file);
     assert!(starts.len() > 10);
+    // The data start on a page; every tensor on a multiple of its element size.
+    let first = starts.iter().map(|(_, at)| *at).min().unwrap();
+    assert_eq!(first % 16384, 0, "the data start at {first}");
     for (name, at) in &starts {
-        assert_eq!(at % 16384, 0, "{name} starts at {at}");
+        assert_eq!(at % 4, 0, "{name} starts at {at}");
     }
+    // A valid safetensors file: the Hugging Face library (which refuses holes) opens it.
+    let check = "import sys\nfrom safetensors import safe_open\nwith safe_open(sys.argv[1], framework='numpy') as f: print(len(list(f.keys())))";
+    let o = Command::new(common::venv_python()).args(["-c", check, file.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "safetensors refuses our file: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), starts.len().to_string());
     // mlx-lm's load() on our folder gives the tokens mlx-gen gives on it.
     same_generation(&ours, &ours);
     // And mlx-gen on the CPU uses every tensor in place (bench's load report; CUDA copies each once).

@@ -1,13 +1,11 @@
-//! Writing safetensors files whose tensor data start page-aligned, so that a reader mapping the
-//! file hands each tensor to MLX in place: on the CPU any element-aligned tensor qualifies, Metal
-//! wraps host memory only at page boundaries (16 KiB on Apple silicon, so 16 KiB here, which also
-//! covers 4 KiB pages).
-//!
-//! Still the safetensors layout that MLX's `mx.load` (and so mlx-lm) reads: the header JSON is
-//! padded with trailing spaces, as the format allows, so that the data section starts on a page,
-//! and each tensor's `data_offsets` start on a page, the bytes between tensors zero. (The Hugging
-//! Face `safetensors` library's own validation also asks that tensors be back to back, with no such
-//! gaps; MLX's reader does not.)
+//! Writing safetensors files whose tensor data are aligned, so that a reader mapping the file
+//! hands each tensor to MLX in place: the header JSON is padded with trailing spaces, as the format
+//! allows, so that the data section starts on a page (16 KiB, Apple silicon's, which also covers
+//! 4 KiB pages), and the tensors follow back to back (the format allows no holes: the Hugging Face
+//! `safetensors` library refuses a file with gaps) in order of falling element size, so that every
+//! tensor starts on a multiple of its element size: the CPU uses each in place. (Metal wraps host
+//! memory only at page boundaries: there only the first tensor is used in place, the rest copied
+//! once.)
 use crate::{FormatError, Result};
 use mlx::{Array, Dtype};
 use std::io::Write;
@@ -39,6 +37,14 @@ fn round_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
+/// The tensors' order in the data: by falling element size (each tensor's bytes are a multiple of
+/// its element size, so every later, smaller-element tensor stays aligned), else as given.
+fn write_order(tensors: &[(&str, &Array)]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(tensors[i].1.dtype().size()));
+    order
+}
+
 /// The header (padded so that the data start on a page) and each tensor's offset in the data.
 fn layout(tensors: &[(&str, &Array)], metadata: &[(&str, &str)]) -> Result<(Vec<u8>, Vec<usize>)> {
     let mut header = serde_json::Map::new();
@@ -46,14 +52,14 @@ fn layout(tensors: &[(&str, &Array)], metadata: &[(&str, &str)]) -> Result<(Vec<
         let meta: serde_json::Map<String, serde_json::Value> = metadata.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
         header.insert("__metadata__".into(), meta.into());
     }
-    let mut starts = Vec::with_capacity(tensors.len());
+    let mut starts = vec![0usize; tensors.len()];
     let mut at = 0usize;
-    for (name, a) in tensors {
+    for i in write_order(tensors) {
+        let (name, a) = tensors[i];
         let dtype = dtype_name(a.dtype()).ok_or_else(|| FormatError::Invalid(format!("tensor {name}: safetensors cannot hold {}", a.dtype())))?;
-        let start = round_up(at);
-        let end = start + a.nbytes();
-        header.insert((*name).into(), serde_json::json!({"dtype": dtype, "shape": a.shape(), "data_offsets": [start, end]}));
-        starts.push(start);
+        let end = at + a.nbytes();
+        header.insert(name.into(), serde_json::json!({"dtype": dtype, "shape": a.shape(), "data_offsets": [at, end]}));
+        starts[i] = at;
         at = end;
     }
     let mut json = serde_json::to_vec(&header).map_err(|e| FormatError::Invalid(e.to_string()))?;
@@ -70,11 +76,12 @@ pub fn save(path: &Path, tensors: &[(&str, &Array)], metadata: &[(&str, &str)]) 
     let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).map_err(io)?);
     f.write_all(&header).map_err(io)?;
     let mut at = 0usize;
-    for ((name, a), start) in tensors.iter().zip(starts) {
-        f.write_all(&vec![0u8; start - at]).map_err(io)?;
+    for i in write_order(tensors) {
+        let (name, a) = tensors[i];
+        debug_assert_eq!(starts[i], at);
         let bytes = a.to_bytes().map_err(|e| FormatError::Invalid(format!("tensor {name}: {}", e.message)))?;
         f.write_all(&bytes).map_err(io)?;
-        at = start + bytes.len();
+        at += bytes.len();
     }
     f.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)
 }
@@ -84,15 +91,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn header_and_every_tensor_start_on_a_page() {
+    fn data_start_on_a_page_and_tensors_back_to_back_aligned() {
         let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+        let h = Array::from_slice(&[1u16; 3], &[3]).unwrap();
         let b = Array::from_slice(&[7u32; 5000], &[5000]).unwrap();
-        let (header, starts) = layout(&[("a", &a), ("b", &b), ("c", &a)], &[("format", "mlx")]).unwrap();
+        let c = Array::from_slice(&[1u8; 5], &[5]).unwrap();
+        let (header, starts) = layout(&[("h", &h), ("a", &a), ("c", &c), ("b", &b)], &[("format", "mlx")]).unwrap();
         assert_eq!(header.len() % ALIGN, 0);
-        assert_eq!(starts, [0, ALIGN, 3 * ALIGN], "b takes 20000 bytes: c starts on the page after it");
+        // 4-byte tensors first (a, then b), then h, then c; no holes.
+        assert_eq!(starts, [12 + 20000, 0, 12 + 20000 + 6, 12], "offsets of h, a, c, b");
         let n = u64::from_le_bytes(header[..8].try_into().unwrap()) as usize;
         let json: serde_json::Value = serde_json::from_slice(&header[8..8 + n]).unwrap();
-        assert_eq!(json["b"]["data_offsets"], serde_json::json!([ALIGN, ALIGN + 20000]));
+        assert_eq!(json["b"]["data_offsets"], serde_json::json!([12, 20012]));
         assert_eq!(json["__metadata__"]["format"], "mlx");
     }
 }
