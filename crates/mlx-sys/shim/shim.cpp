@@ -5,9 +5,11 @@
 #include <mlx/mlx.h>
 #include <mlx/graph_utils.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <numeric>
 #include <functional>
 #include <cstring>
 #include <optional>
@@ -53,13 +55,9 @@ mx::Dtype dtype_of(int code) {
   return kDtypes[code];
 }
 
-int code_of(mx::Dtype d) {
-  return static_cast<int>(d.val());
-}
+int code_of(mx::Dtype d) { return static_cast<int>(d.val()); }
 
-mlxs_array wrap(mx::array a) {
-  return new mlxs_array_{std::move(a)};
-}
+mlxs_array wrap(mx::array a) { return new mlxs_array_{std::move(a)}; }
 
 const mx::array& arr(const mlxs_array a) {
   if (a == nullptr) {
@@ -69,19 +67,12 @@ const mx::array& arr(const mlxs_array a) {
 }
 
 std::optional<mx::array> opt(const mlxs_array a) {
-  if (a == nullptr) {
-    return std::nullopt;
-  }
-  return a->a;
+  return a == nullptr ? std::nullopt : std::optional<mx::array>(a->a);
 }
 
-mx::Shape shape_of(const int32_t* s, int n) {
-  return mx::Shape(s, s + n);
-}
+mx::Shape shape_of(const int32_t* s, int n) { return mx::Shape(s, s + n); }
 
-std::vector<int> ints(const int32_t* s, int n) {
-  return std::vector<int>(s, s + n);
-}
+std::vector<int> ints(const int32_t* s, int n) { return std::vector<int>(s, s + n); }
 
 std::vector<mx::array> arrays(const mlxs_array* a, size_t n) {
   std::vector<mx::array> v;
@@ -94,9 +85,7 @@ std::vector<mx::array> arrays(const mlxs_array* a, size_t n) {
 
 std::vector<int> all_axes(const mx::array& a) {
   std::vector<int> axes(a.ndim());
-  for (int i = 0; i < static_cast<int>(a.ndim()); ++i) {
-    axes[i] = i;
-  }
+  std::iota(axes.begin(), axes.end(), 0);
   return axes;
 }
 
@@ -203,28 +192,39 @@ size_t checked_bytes(const mx::Shape& shape, mx::Dtype dtype) {
   return n * dtype.size();
 }
 
+// Bytes MLX uses in place outside its allocator (mapped weights, host buffers): its own memory
+// figures do not see them; mlxs_external_memory() reports them.
+std::atomic<size_t> g_external{0};
+
 // An array over `bytes` bytes at `data` that MLX does not own; `release` runs once MLX is done
 // with them. CPU-only backend: used in place as the buffer `data - 8` in that allocator's layout,
 // wrapped as a `Data` with a deleter (MLX 0.32.4's CPU `make_buffer` is missing, so its raw-pointer
 // constructor would copy); an unowned buffer is never freed by the allocator nor donated to an
 // output, so its size header is never read. Elsewhere MLX's raw-pointer constructor decides (in
-// place on Metal for page-aligned data; one copy on CUDA, then `release` at once). `*zero_copy`
-// says which. The caller checked `bytes` (only running out of memory throws before `release` is taken).
+// place on Metal for page-aligned data; one copy on CUDA, then `release` at once: that is how a
+// copy shows). `*zero_copy` says which; bytes used in place count in g_external until released.
+// The caller checked `bytes` (only running out of memory throws before `release` is taken).
 mx::array external_array(void* data, size_t bytes, mx::Shape shape, mx::Dtype dtype,
                          std::function<void()> release, int* zero_copy) {
-  if (bytes > 0 && cpu_buffer_layout()) {
-    mx::allocator::Buffer buffer(static_cast<char*>(data) - sizeof(size_t));
-    mx::allocator::Data owned(buffer, [release = std::move(release)](mx::allocator::Buffer) { release(); });
-    *zero_copy = 1;
-    return mx::array(std::move(owned), std::move(shape), dtype);
-  }
-  // The copy path calls the deleter inside the constructor: that is how a copy shows.
-  auto released = std::make_shared<bool>(false);
-  mx::array a(data, std::move(shape), dtype, [released, release = std::move(release)](void*) {
-    *released = true;
+  auto state = std::make_shared<std::atomic<int>>(0);  // 0 constructing, 1 in place, 2 released
+  auto done = [state, bytes, release = std::move(release)] {
+    if (state->exchange(2) == 1) {
+      g_external -= bytes;
+    }
     release();
-  });
-  *zero_copy = *released ? 0 : 1;
+  };
+  auto a = [&] {
+    if (bytes > 0 && cpu_buffer_layout()) {
+      mx::allocator::Buffer buffer(static_cast<char*>(data) - sizeof(size_t));
+      return mx::array(mx::allocator::Data(buffer, [done](mx::allocator::Buffer) { done(); }), std::move(shape), dtype);
+    }
+    return mx::array(data, std::move(shape), dtype, [done](void*) { done(); });
+  }();
+  int expected = 0;
+  *zero_copy = state->compare_exchange_strong(expected, 1) ? 1 : 0;
+  if (*zero_copy) {
+    g_external += bytes;
+  }
   return a;
 }
 
@@ -753,6 +753,10 @@ size_t mlxs_active_memory(void) {
 
 size_t mlxs_peak_memory(void) {
   return mx::get_peak_memory();
+}
+
+size_t mlxs_external_memory(void) {
+  return g_external.load();
 }
 
 size_t mlxs_cache_memory(void) {

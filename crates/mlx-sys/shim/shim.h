@@ -149,6 +149,7 @@ int mlxs_safetensors_save(const char* path, const char* const* names, const mlxs
 /* memory */
 size_t mlxs_active_memory(void);
 size_t mlxs_peak_memory(void);
+size_t mlxs_external_memory(void);
 size_t mlxs_cache_memory(void);
 void mlxs_reset_peak_memory(void);
 void mlxs_clear_cache(void);

@@ -277,6 +277,7 @@ extern "C" {
 
     pub fn mlxs_active_memory() -> usize;
     pub fn mlxs_peak_memory() -> usize;
+    pub fn mlxs_external_memory() -> usize;
     pub fn mlxs_cache_memory() -> usize;
     pub fn mlxs_reset_peak_memory();
     pub fn mlxs_clear_cache();

@@ -650,6 +650,10 @@ pub fn active_memory() -> usize {
 pub fn peak_memory() -> usize {
     unsafe { ffi::mlxs_peak_memory() }
 }
+/// Bytes MLX uses in place outside its allocator (mapped weights, host buffers), not in its figures.
+pub fn external_memory() -> usize {
+    unsafe { ffi::mlxs_external_memory() }
+}
 pub fn cache_memory() -> usize {
     unsafe { ffi::mlxs_cache_memory() }
 }

@@ -75,8 +75,16 @@ pub fn active_memory() -> usize {
     mlx_sys::active_memory()
 }
 
+/// MLX's peak since the last reset plus the bytes it uses in place outside its allocator now
+/// (weights in mapped files, on the CPU backend): the figure mlx-lm's would be, where `mx.load`
+/// copies every weight into MLX's allocator.
 pub fn peak_memory() -> usize {
-    mlx_sys::peak_memory()
+    mlx_sys::peak_memory() + mlx_sys::external_memory()
+}
+
+/// Bytes MLX uses in place outside its allocator: weights in mapped files, host buffers.
+pub fn external_memory() -> usize {
+    mlx_sys::external_memory()
 }
 
 pub fn cache_memory() -> usize {
