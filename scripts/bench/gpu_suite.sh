@@ -14,7 +14,8 @@
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
 #                       ROUNDS), same MLX settings, then mlx-gen without its recurrence kernel (issue 18)
-#   gpu_suite.sh fidelity  greedy GPU tokens, fused and unfused, against mlx-lm's (issue 22)
+#   gpu_suite.sh fidelity  greedy GPU tokens, fused and unfused, against mlx-lm's: the real models in $REAL
+#                       (stage-real-models.sh), then the random shapes (issue 22)
 #   gpu_suite.sh round  speculative rounds on the shapes (issue 19): a Llama-3.2-3B drafting for itself (round cost,
 #                       every draft accepted, with MLX_GEN_TRACE's stage split), prompt lookup on the code-editing
 #                       prompt and on a random one (the fallback), each against plain decoding in the same bench run
@@ -173,9 +174,11 @@ hybrid)
   [ -n "${KEEP:-}" ] || rm -rf "$models/$s-4bit-bfloat16"
   ;;
 fidelity)
-  # Issue 22: mlx-gen's GPU tokens (fused and unfused) against mlx-lm's on the same GPU, greedy.
-  # SHAPES (default: the small dense ones) names the random-weight shapes.
-  dirs=(); for s in ${SHAPES:-qwen3-0.6b llama-3.2-3b}; do dirs+=("$(shape_dir "$s")"); done
+  # Issue 22: mlx-gen's GPU tokens (fused and unfused) against mlx-lm's on the same GPU, greedy: the real
+  # models stage-real-models.sh staged (joined into $REAL, default /tmp/real), then the random-weight shapes
+  # SHAPES names (default: the small dense ones). Exits 1 when a split is not a near-tie.
+  dirs=(); for d in "${REAL:-/tmp/real}"/*/; do [ -f "$d/config.json" ] && dirs+=("${d%/}"); done
+  for s in ${SHAPES:-qwen3-0.6b llama-3.2-3b}; do dirs+=("$(shape_dir "$s")"); done
   python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m ${TOKENS:-256} "${dirs[@]}" | tee "$out/fidelity.jsonl"
   ;;
 constrained)
