@@ -95,11 +95,14 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--uniform", action="store_true",
                     help="every layer at --bits, ignoring the model's own quant_predicate (qwen3_moe's 8-bit routers)")
+    ap.add_argument("--layers", type=int, help="fewer layers than the shape has (per-layer analyses on the CPU: graph_ops.py)")
     args = ap.parse_args()
 
     from mlx_lm.utils import _get_classes  # the architecture classes mlx-lm uses for this model_type
 
     config = dict(SHAPES[args.shape])
+    if args.layers:
+        config["num_hidden_layers"] = args.layers
     mx.random.seed(0)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))

@@ -94,6 +94,39 @@ fn bench_json_batched() {
     bench(3);
 }
 
+/// `bench --memory`: the model's resident bytes are its weights, each phase's KV cache is the
+/// growing cache's buffers as the config gives them (256-position steps, as mlx-lm's KVCache), and
+/// each peak holds the model and the cache; with -b it is a usage error.
+#[test]
+fn bench_memory_breakdown() {
+    let dir = common::model("llama3-f32");
+    let args = ["bench", "--model", dir.to_str().unwrap(), "-p", "300", "-g", "8", "-n", "1", "--memory", "--json"];
+    let v: Value = serde_json::from_str(stdout(&run(&args)).trim()).expect("bench --json prints one JSON object");
+    let m = &v["memory"];
+    let u = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("memory.{k} missing: {m}"));
+    assert_eq!(u("weights_file_bytes"), v["load"]["weights_bytes"].as_u64().unwrap());
+    let load_peak = v["load"]["peak_during_load_bytes"].as_u64().unwrap();
+    assert!(load_peak >= u("model_bytes"), "the load's peak holds the model: {load_peak} {m}");
+    // The weights as loaded (a tensor the model does not use is dropped: a few bytes here).
+    assert!(u("model_bytes").abs_diff(u("weights_file_bytes")) * 100 <= u("weights_file_bytes"), "{m}");
+    let c: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| c[k].as_u64().unwrap();
+    let head_dim = c["head_dim"].as_u64().unwrap_or(n("hidden_size") / n("num_attention_heads"));
+    // 300 prompt positions + 8 tokens: two 256-position steps of f32 keys and values per layer.
+    let kv = n("num_hidden_layers") * 2 * n("num_key_value_heads") * 512 * head_dim * 4;
+    for phase in ["prefill", "decode"] {
+        let p = &m[phase];
+        let b = |k: &str| p[k].as_u64().unwrap_or_else(|| panic!("memory.{phase}.{k} missing: {m}"));
+        assert_eq!(b("kv_cache_bytes"), kv, "{phase}: {m}");
+        assert!(b("peak_bytes") >= u("model_bytes") + kv, "{phase}: {m}");
+        assert_eq!(b("transient_bytes"), b("peak_bytes") - u("model_bytes") - kv, "{phase}: {m}");
+    }
+    // The prefill's transient (attention scores of 299 positions) is above one decode step's.
+    assert!(m["prefill"]["transient_bytes"].as_u64() > m["decode"]["transient_bytes"].as_u64(), "{m}");
+    let out = run(&["bench", "--model", dir.to_str().unwrap(), "-p", "8", "-g", "2", "-n", "1", "-b", "2", "--memory"]);
+    assert_error(&out, 1, &["--memory", "-b"]);
+}
+
 #[test]
 fn usage_errors_exit_2_in_one_line() {
     assert_error(&run(&["chat", "--no-such-flag"]), 2, &["--no-such-flag", "mlx-gen chat --help"]);

@@ -169,6 +169,11 @@ impl<'m> Generator<'m> {
         self.config.sampler.processors.history_needed() != Some(0)
     }
 
+    /// The caches as they stand (the queued step may still be filling them).
+    pub fn cache(&self) -> &[Box<dyn KvCache>] {
+        &self.cache
+    }
+
     /// The caches, for reuse by a following turn.
     pub fn into_cache(mut self) -> Vec<Box<dyn KvCache>> {
         std::mem::take(&mut self.cache)

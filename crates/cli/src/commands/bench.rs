@@ -9,7 +9,10 @@
 //! per round (`--prompt-file` gives a real text, through the chat template, for prompt lookup).
 //! Loading is reported beside the trials: its time, the weights' bytes, how many tensors MLX uses
 //! in place in the mapped files, and the process's resident memory (VmRSS) after load and after the
-//! trials (mapped weight pages count once touched).
+//! trials (mapped weight pages count once touched). `--memory` adds one trial measured phase by
+//! phase (see `memory.rs`).
+mod memory;
+
 use super::generate::speculative::SpecArgs;
 use anyhow::{bail, Context, Result};
 use engine::{GenerateConfig, Generator, LoadedModel, SpecStats};
@@ -45,6 +48,10 @@ pub struct Args {
     /// p99 and max (token pacing).
     #[arg(long)]
     pacing: bool,
+    /// Also measure one extra single-sequence trial phase by phase: the model's resident bytes,
+    /// and for prefill and decode the peak, the KV cache's bytes and the transient rest.
+    #[arg(long)]
+    memory: bool,
     /// KV cache of single-sequence trials: `paged` measures the block-pool cache against the default.
     #[arg(long, value_enum, default_value = "growing")]
     kv_cache: super::cache_prompt::KvCacheKind,
@@ -111,6 +118,9 @@ struct LoadReport {
     /// /proc/self/status).
     rss_after_load_bytes: u64,
     rss_after_trials_bytes: u64,
+    /// MLX's peak (with the in-place weights) over the load alone: fused projections, converted
+    /// tensors and other load-time transients show here, before any trial.
+    peak_during_load_bytes: u64,
 }
 
 /// This process's resident memory in bytes (VmRSS of /proc/self/status), 0 where unavailable.
@@ -134,6 +144,8 @@ struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pacing: Option<Pacing>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<memory::Breakdown>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     speculative: Option<SpecReport>,
 }
 
@@ -147,12 +159,16 @@ pub fn run(args: Args, device: &str) -> Result<()> {
     let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
     let (loaded, load_s) = crate::rank::load_model(&model_dir, args.pipeline)?;
     let rss_after_load = resident_bytes();
+    let peak_during_load = mlx::runtime::peak_memory() as u64;
     // On several ranks rank 0 alone reports (the others run the same trials silently).
     let leader = crate::rank::is_leader();
     let table = !args.json && leader;
 
-    if args.spec.enabled() && (args.batch_size > 1 || args.pacing || crate::rank::group().is_some()) {
-        bail!("--draft-model and --prompt-lookup are benchmarked for one sequence in one process (not with -b, --pacing or launch)");
+    if args.spec.enabled() && (args.batch_size > 1 || args.pacing || args.memory || crate::rank::group().is_some()) {
+        bail!("--draft-model and --prompt-lookup are benchmarked for one sequence in one process (not with -b, --pacing, --memory or launch)");
+    }
+    if args.memory && args.batch_size > 1 {
+        bail!("--memory measures one sequence: it does not combine with -b");
     }
     let draft = args.spec.load_draft(&loaded)?;
     let prompt = bench_prompt(&loaded, &args)?;
@@ -216,6 +232,12 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         total_s: median(trials.iter().map(|t| t.total_s)),
     };
     let pacing = if args.pacing { Some(pacing(&loaded, &prompt[..prompt_tokens], &args)?) } else { None };
+    let memory = if args.memory {
+        let cache = super::cache_prompt::make_cache(&loaded, &plain_kv(), args.kv_cache)?;
+        Some(memory::breakdown(&loaded, &prompt[..prompt_tokens], cache, config_of(&args))?)
+    } else {
+        None
+    };
     let speculative = (!spec_trials.is_empty()).then(|| SpecReport {
         generation_tps: self::median(spec_trials.iter().map(|t| t.generation_tps)),
         speedup: self::median(spec_trials.iter().map(|t| t.speedup)),
@@ -234,10 +256,12 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         tensors_copied: loaded.weights.copied,
         rss_after_load_bytes: rss_after_load,
         rss_after_trials_bytes: resident_bytes(),
+        peak_during_load_bytes: peak_during_load,
     };
     let report = Report {
         load,
         pacing,
+        memory,
         model: model_dir.display().to_string(),
         device: device.to_owned(),
         prompt_tokens,
@@ -257,13 +281,17 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         );
         let mb = |b: u64| b as f64 / 1e6;
         println!(
-            "Load: weights={:.1} MB ({} tensors in place, {} copied), rss_after_load={:.1} MB, rss_after_trials={:.1} MB",
+            "Load: weights={:.1} MB ({} tensors in place, {} copied), peak={:.1} MB, rss_after_load={:.1} MB, rss_after_trials={:.1} MB",
             mb(report.load.weights_bytes),
             report.load.tensors_in_place,
             report.load.tensors_copied,
+            mb(report.load.peak_during_load_bytes),
             mb(report.load.rss_after_load_bytes),
             mb(report.load.rss_after_trials_bytes)
         );
+        if let Some(m) = &report.memory {
+            println!("{}", memory::line(m));
+        }
         if let Some(s) = &report.speculative {
             println!(
                 "Speculative: generation_tps={:.3} ({:.2}x plain), acceptance={:.1}%, tokens/round={:.2}, ms/round={:.3}",
@@ -307,11 +335,7 @@ fn bench_prompt(loaded: &LoadedModel, args: &Args) -> Result<Vec<u32>> {
 /// One speculative generation of `generation_tokens` tokens, greedy, EOS ignored: its decode
 /// tok/s (as the plain trial counts it) and its draft statistics.
 fn spec_trial(loaded: &LoadedModel, draft: Option<&LoadedModel>, prompt: &[u32], args: &Args) -> Result<(f64, SpecStats)> {
-    let config = GenerateConfig {
-        max_tokens: Some(args.generation_tokens),
-        prefill_step_size: args.prefill_step_size,
-        ..GenerateConfig::default()
-    };
+    let config = config_of(args);
     let model = loaded.model.as_ref();
     let mut stream = args.spec.stream(model, draft, prompt, model.make_cache(), config, None)?;
     let tic = Instant::now();
@@ -331,11 +355,7 @@ fn spec_trial(loaded: &LoadedModel, draft: Option<&LoadedModel>, prompt: &[u32],
 
 /// The intervals between consecutive tokens of one generation (after the first token).
 fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
-    let config = GenerateConfig {
-        max_tokens: Some(args.generation_tokens),
-        prefill_step_size: args.prefill_step_size,
-        ..GenerateConfig::default()
-    };
+    let config = config_of(args);
     let mut marks = Vec::with_capacity(args.generation_tokens);
     crate::rank::heartbeat("prefill");
     for step in Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)? {
@@ -355,16 +375,11 @@ fn trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Trial> {
     if args.batch_size > 1 {
         return batch_trial(loaded, prompt, args);
     }
-    let config = GenerateConfig {
-        max_tokens: Some(args.generation_tokens),
-        prefill_step_size: args.prefill_step_size,
-        ..GenerateConfig::default()
-    };
+    let config = config_of(args);
     let tic = Instant::now();
     let mut first = None;
     let mut count = 0usize;
-    let kv = super::cache_prompt::KvArgs { max_kv_size: None, kv_bits: None, kv_group_size: 64, quantized_kv_start: 0 };
-    let cache = super::cache_prompt::make_cache(loaded, &kv, args.kv_cache)?;
+    let cache = super::cache_prompt::make_cache(loaded, &plain_kv(), args.kv_cache)?;
     crate::rank::heartbeat("prefill");
     let generator = Generator::new(loaded.model.as_ref(), prompt, cache, config)?;
     for step in generator {
@@ -426,6 +441,16 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
     let end = Instant::now();
     let n = args.batch_size;
     Ok(timing(prompt.len(), n * args.generation_tokens, tic, first, end))
+}
+
+/// A trial's generation settings: `generation_tokens` greedy tokens, EOS ignored.
+fn config_of(args: &Args) -> GenerateConfig {
+    GenerateConfig { max_tokens: Some(args.generation_tokens), prefill_step_size: args.prefill_step_size, ..GenerateConfig::default() }
+}
+
+/// A full-precision cache without a size limit (the trials' and mlx_lm.benchmark's).
+fn plain_kv() -> super::cache_prompt::KvArgs {
+    super::cache_prompt::KvArgs { max_kv_size: None, kv_bits: None, kv_group_size: 64, quantized_kv_start: 0 }
 }
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {
