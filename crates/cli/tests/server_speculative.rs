@@ -139,6 +139,28 @@ fn batch_engine_speculates_over_recurrent_states() {
     }
 }
 
+/// A model whose caches do not batch (llama4's chunked attention) runs one sequence at a time:
+/// the first speculates throughout while the others wait, and they speculate in turn.
+#[test]
+fn batch_engine_speculates_one_at_a_time_without_batch_caches() {
+    let target = LoadedModel::load(&common::llama4_mistral3_models_dir().join("llama4-f32")).unwrap();
+    assert!(!engine::batch::is_batchable(target.model.as_ref()), "the test needs a model without batch caches");
+    let vocab = target.model.vocab_size() as u32;
+    for (label, drafter) in [("own draft", Drafter::Model(target.model.as_ref())), ("prompt lookup", Drafter::PromptLookup { ngram: 2 })] {
+        let seqs = staggered(vocab, matches!(drafter, Drafter::PromptLookup { .. }));
+        let want: Vec<Vec<u32>> = seqs.iter().map(|s| plain(&target, &s.prompt, s.tokens)).collect();
+        let (got, trail) = run(&target, Speculation { drafter, config: config(3, false) }, &seqs);
+        assert_eq!(got, want, "llama4, {label}: tokens differ from plain greedy decoding");
+        let proposed = trail.last().map_or(0, |(_, s)| s.proposed);
+        assert!(proposed > 0, "llama4, {label}: the first sequence never speculated");
+    }
+    // Sliding-window layers (a rotating cache stops trimming once it wraps): refused up front.
+    let windowed = LoadedModel::load(&common::llama4_mistral3_models_dir().join("ministral3-f32")).unwrap();
+    let spec = Speculation { drafter: Drafter::PromptLookup { ngram: 2 }, config: config(3, false) };
+    let err = spec.check(windowed.model.as_ref()).expect_err("a rotating cache").to_string();
+    assert!(err.contains("RotatingKVCache") && err.contains("window"), "{err}");
+}
+
 fn dir(variant: &str) -> String {
     common::model(variant).to_string_lossy().into_owned()
 }
@@ -335,4 +357,17 @@ fn serve_speculates_over_recurrent_states() {
     assert_eq!(served_tokens(&got), token_texts(&m, &want), "tokens differ from plain greedy generation");
     assert!(drafted(&got).0 > 0);
     assert_concurrent_plain(&s, &m, &model, &[("prompt number 0", 20), ("prompt number 1", 36), ("prompt number 2", 28)]);
+}
+
+/// Speculation's rounds are not among the engine calls the other ranks replay: refused up front.
+#[test]
+fn speculation_is_refused_on_several_ranks() {
+    let (model, draft) = (dir("llama3-f32"), dir("llama3-q4g64"));
+    for (flag, value) in [("--prompt-lookup", "2"), ("--draft-model", draft.as_str())] {
+        let args = ["launch", "--hosts", "127.0.0.1,127.0.0.1", "--timeout", "30", "--", "--device", "cpu", "serve", "--model", &model, "--port", "0", flag, value];
+        let out = common::mlx_gen(&args, None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {err}");
+        assert!(err.contains(&format!("{flag} is served on one rank only")), "{flag}: {err}");
+    }
 }

@@ -600,13 +600,15 @@ impl<'m> Worker<'m> {
         }
     }
 
-    /// Forgets choice `id`: out of the batch, its reservation back; the job ends with its last choice.
+    /// Forgets choice `id`: out of the batch, its reservation back, its draft counts into the
+    /// metrics; the job ends with its last choice.
     fn end(&mut self, id: u64) {
-        if let Some(s) = self.engine.speculation_stats(id) {
-            self.metrics.drafted(s.proposed, s.accepted);
-        }
+        let drafted = self.engine.speculation_stats(id);
         self.engine_finish(id);
         if let Some(c) = self.choices.remove(&id) {
+            if let Some(d) = drafted {
+                self.metrics.drafted(d.proposed, d.accepted);
+            }
             if !self.choices.values().any(|o| Rc::ptr_eq(&o.job, &c.job)) {
                 self.metrics.queue(0, -1);
             }

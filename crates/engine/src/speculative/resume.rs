@@ -6,7 +6,7 @@
 //! left them, with the random stream and what the draft model has not seen yet.
 use super::{cannot_rewind, rewindable, SpecToken, SpeculativeConfig, SpeculativeGenerator};
 use crate::cache::{can_trim_prompt_cache, trim_prompt_cache, Caches};
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
 use super::Draft;
@@ -38,15 +38,20 @@ pub struct Parts {
     pub queued: Option<(Array, Array)>,
 }
 
-/// Checks that speculation can rewind `model`'s caches; `whose` names it in the error ("model",
-/// "draft model").
+/// Checks that speculation can rewind `model`'s caches at every length (a rotating window, which
+/// stops trimming once it wraps around, is refused up front); `whose` names it in the error
+/// ("model", "draft model").
 pub fn check_rewindable(model: &dyn Model, whose: &str) -> Result<()> {
-    let cache = model.make_cache();
-    if rewindable(&cache) {
-        Ok(())
-    } else {
-        Err(cannot_rewind(whose, &cache))
+    let mut cache = model.make_cache();
+    if !rewindable(&cache) {
+        return Err(cannot_rewind(whose, &cache));
     }
+    if cache.iter_mut().any(|c| c.window().is_some() || c.parts_mut().is_some_and(|parts| parts.iter().any(|p| p.window().is_some()))) {
+        return Err(EngineError::Invalid(format!(
+            "speculative decoding needs caches it can rewind, and the {whose}'s sliding-window layers keep a RotatingKVCache, which cannot be trimmed once it wraps around its window"
+        )));
+    }
+    Ok(())
 }
 
 impl<'m> SpeculativeGenerator<'m> {
