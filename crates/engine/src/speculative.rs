@@ -28,15 +28,18 @@ use crate::generate::GenerateConfig;
 use crate::models::Model;
 use crate::pace::{Pace, Phase};
 use crate::sample::constraint::{draft_masks, TokenConstraint};
+use mlx::random::KeySeq;
 use mlx::{async_eval, ops, Array, Dtype};
 use std::collections::VecDeque;
 use std::time::Instant;
 
 mod parts;
 mod pipelined;
+mod resume;
 
 use parts::{cannot_rewind, rewind, rewindable, step, step_padded, History};
 pub use parts::prompt_lookup;
+pub use resume::{check_rewindable, Parts, Resume};
 
 /// Who proposes the draft tokens.
 pub enum Draft<'m> {
@@ -99,6 +102,24 @@ pub struct SpecStats {
     pub fallbacks: usize,
     /// Pipelined rounds queued and then given up (the round before them rejected a draft).
     pub discarded: usize,
+}
+
+impl std::ops::Add for SpecStats {
+    type Output = SpecStats;
+
+    /// Both stretches' statistics together.
+    fn add(self, o: SpecStats) -> SpecStats {
+        SpecStats {
+            proposed: self.proposed + o.proposed,
+            accepted: self.accepted + o.accepted,
+            rounds: self.rounds + o.rounds,
+            round_tokens: self.round_tokens + o.round_tokens,
+            round_s: self.round_s + o.round_s,
+            plain_tokens: self.plain_tokens + o.plain_tokens,
+            fallbacks: self.fallbacks + o.fallbacks,
+            discarded: self.discarded + o.discarded,
+        }
+    }
 }
 
 impl SpecStats {
@@ -172,6 +193,8 @@ pub struct SpeculativeGenerator<'m> {
     all_accepted: bool,
     /// Constrained decoding: the grammar every handed-out token follows.
     constraint: Option<Box<dyn TokenConstraint>>,
+    /// The sequence's own random stream ([`SpeculativeGenerator::resume`]); `None`: MLX's global key.
+    keys: Option<KeySeq>,
 }
 
 impl Drop for SpeculativeGenerator<'_> {
@@ -215,21 +238,39 @@ impl<'m> SpeculativeGenerator<'m> {
         model: &'m dyn Model,
         prompt: &[u32],
         cache: Vec<Box<dyn KvCache>>,
+        draft: Draft<'m>,
+        config: GenerateConfig,
+        spec: SpeculativeConfig,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<SpeculativeGenerator<'m>> {
+        Self::start(model, Resume { tokens: prompt, cached: 0, draft_cached: 0 }, cache, draft, config, spec, constraint)
+    }
+
+    /// The generator for `at`: the tokens neither cache holds yet are prefilled into the draft
+    /// cache and then `cache` (both trimmable), all but the last, the next input.
+    fn start(
+        model: &'m dyn Model,
+        at: Resume<'_>,
+        cache: Vec<Box<dyn KvCache>>,
         mut draft: Draft<'m>,
         config: GenerateConfig,
         spec: SpeculativeConfig,
         constraint: Option<Box<dyn TokenConstraint>>,
     ) -> Result<SpeculativeGenerator<'m>> {
         let invalid = |m: &str| Err(EngineError::Invalid(m.into()));
+        let prompt = at.tokens;
         config.validate(model, prompt)?;
         if spec.num_draft_tokens == 0 {
             return invalid("the number of draft tokens must be at least 1");
+        }
+        if at.cached >= prompt.len() || at.draft_cached >= prompt.len() {
+            return invalid("a sequence's caches must not hold its last token (the next input)");
         }
         if !rewindable(&cache) {
             return Err(cannot_rewind("model", &cache));
         }
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
+        let from = |start: usize| Array::from_slice(&ids[start..], &[1, (ids.len() - start) as i32]); // (1, L - start)
         let (step, kv_quant) = (config.prefill_step_size, config.kv_quant.as_ref());
         let processors = &config.sampler.processors;
         let need = processors.history_needed();
@@ -240,7 +281,7 @@ impl<'m> SpeculativeGenerator<'m> {
                 if !rewindable(dc) {
                     return Err(cannot_rewind("draft model", dc));
                 }
-                prefill(*d, dc, &all, step, kv_quant, |_| Ok(()))?;
+                prefill(*d, dc, &from(at.draft_cached)?, step, kv_quant, |_| Ok(()))?;
             }
             Draft::PromptLookup { ngram } => {
                 if *ngram == 0 {
@@ -254,7 +295,7 @@ impl<'m> SpeculativeGenerator<'m> {
             }
         }
         let mut cache = cache;
-        prefill(model, &mut cache, &all, step, kv_quant, |_| Ok(()))?;
+        prefill(model, &mut cache, &from(at.cached)?, step, kv_quant, |_| Ok(()))?;
         let last = *prompt.last().unwrap_or(&0);
         let seq = if matches!(draft, Draft::PromptLookup { .. }) { prompt.to_vec() } else { Vec::new() };
         let k = spec.num_draft_tokens;
@@ -289,6 +330,7 @@ impl<'m> SpeculativeGenerator<'m> {
             inflight: None,
             all_accepted: true,
             constraint,
+            keys: None,
         })
     }
 
@@ -300,19 +342,9 @@ impl<'m> SpeculativeGenerator<'m> {
     /// the target holds the prompt and every handed-out token but the last (a pipelined round in
     /// flight is rewound; a queued plain step too, where the cache trims), the draft model what
     /// it was fed.
-    pub fn into_caches(mut self) -> Result<(Caches, Option<Caches>)> {
-        let mut queued = self.inflight.take().map_or(0, |r| r.positions());
-        if self.plain_pending.take().is_some() && can_trim_prompt_cache(&self.cache) {
-            queued += 1;
-        }
-        if queued > 0 {
-            trim_prompt_cache(&mut self.cache, queued as i32)?;
-        }
-        let draft = match std::mem::replace(&mut self.draft, Draft::PromptLookup { ngram: 1 }) {
-            Draft::Model { cache, .. } => Some(cache),
-            Draft::PromptLookup { .. } => None,
-        };
-        Ok((std::mem::take(&mut self.cache), draft))
+    pub fn into_caches(self) -> Result<(Caches, Option<Caches>)> {
+        let parts = self.into_parts()?;
+        Ok((parts.cache, parts.draft.map(|(cache, _)| cache)))
     }
 
     /// Why the constraint ended generation early, if it did.
@@ -334,14 +366,14 @@ impl<'m> SpeculativeGenerator<'m> {
             Some(p) => p,
             None => {
                 let y = Array::from_slice(&self.y, &[self.y.len() as i32])?;
-                let p = step(self.model, &mut self.cache, &y, 1, &self.config, &mut self.history)?;
+                let p = step(self.model, &mut self.cache, &y, 1, &self.config, &mut self.history, self.keys.as_mut())?;
                 async_eval(&[&p.0, &p.1])?;
                 p
             }
         };
         let goes_on = self.pace.as_ref().is_some_and(Pace::plain_continues) && self.ntoks + 1 < max;
         if goes_on {
-            let next = step(self.model, &mut self.cache, &tok, 1, &self.config, &mut self.history)?;
+            let next = step(self.model, &mut self.cache, &tok, 1, &self.config, &mut self.history, self.keys.as_mut())?;
             async_eval(&[&next.0, &next.1])?;
             self.plain_pending = Some(next);
         }
@@ -386,7 +418,7 @@ impl<'m> SpeculativeGenerator<'m> {
                 let mut ds = Vec::with_capacity(want);
                 let mut input = Array::from_slice(&self.draft_y, &[self.draft_y.len() as i32])?;
                 for _ in 0..want {
-                    let (d, _) = step(*model, cache, &input, 1, &self.config, &mut self.history)?;
+                    let (d, _) = step(*model, cache, &input, 1, &self.config, &mut self.history, self.keys.as_mut())?;
                     async_eval(&[&d])?;
                     ds.push(d.clone());
                     input = d;
@@ -492,6 +524,7 @@ impl<'m> SpeculativeGenerator<'m> {
             &self.config,
             &mut self.history,
             masks,
+            self.keys.as_mut(),
         )?;
         if pad > 0 {
             trim_prompt_cache(&mut self.cache, pad as i32)?;

@@ -11,6 +11,8 @@ pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 /// Tokens generated when the request gives no limit (as mlx_lm.server).
 pub const DEFAULT_MAX_TOKENS: usize = 512;
 const MAX_N: u64 = 64;
+/// Draft tokens per speculative round a request may ask for at most.
+pub const MAX_DRAFT_TOKENS: i64 = 64;
 const MAX_STOPS: usize = 16;
 
 /// An OpenAI-shaped error: `{"error": {"message", "type", "param", "code"}}`.
@@ -73,6 +75,9 @@ pub struct GenParams {
     /// `response_format`: what the output must follow (`None`: free text).
     pub response_format: Option<ResponseFormat>,
     pub tools: Tools,
+    /// `num_draft_tokens` (as mlx_lm.server's): draft tokens per speculative round, 0 for none;
+    /// `None`: the server's `--num-draft-tokens`.
+    pub num_draft_tokens: Option<usize>,
 }
 
 /// `response_format` `json_object` or `json_schema`.
@@ -241,6 +246,7 @@ pub fn parse(body: &[u8], chat: bool, served: &str) -> Result<GenRequest, ApiErr
         include_usage,
         response_format: response_format(&f)?,
         tools,
+        num_draft_tokens: f.int("num_draft_tokens", 0, MAX_DRAFT_TOKENS)?.map(|k| k as usize),
     };
     Ok(GenRequest { prompt, params })
 }
@@ -485,12 +491,12 @@ pub fn clip(s: &str) -> String {
 const CHAT_FIELDS: &[&str] = &[
     "model", "messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "stream", "stream_options", "temperature", "top_p", "min_p",
     "top_k", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed", "stop", "n", "response_format", "tools", "tool_choice",
-    "parallel_tool_calls", "functions", "function_call",
+    "parallel_tool_calls", "functions", "function_call", "num_draft_tokens",
 ];
 const COMPLETION_FIELDS: &[&str] = &[
     "model", "prompt", "max_tokens", "logprobs", "stream", "stream_options", "temperature", "top_p", "min_p", "top_k", "logit_bias", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed", "stop", "n", "response_format", "echo", "tools", "tool_choice", "parallel_tool_calls", "functions",
-    "function_call",
+    "function_call", "num_draft_tokens",
 ];
 /// Fields accepted only at the value that asks for nothing beyond what the server does.
 /// (As JSON text.)
@@ -602,6 +608,10 @@ mod tests {
             ("logit_bias", format!(r#"{{{msgs},"logit_bias":{{"x":1}}}}"#)),
             ("seed", format!(r#"{{{msgs},"seed":-3}}"#)),
             ("top_logprobs", format!(r#"{{{msgs},"top_logprobs":3}}"#)),
+            ("num_draft_tokens", format!(r#"{{{msgs},"num_draft_tokens":-1}}"#)),
+            ("num_draft_tokens", format!(r#"{{{msgs},"num_draft_tokens":2.5}}"#)),
+            ("num_draft_tokens", format!(r#"{{{msgs},"num_draft_tokens":"3"}}"#)),
+            ("num_draft_tokens", format!(r#"{{{msgs},"num_draft_tokens":1000}}"#)),
             ("messages", r#"{"messages":"hi"}"#.to_owned()),
             ("messages", r#"{}"#.to_owned()),
             ("messages[0].role", r#"{"messages":[{"content":"x"}]}"#.to_owned()),

@@ -21,6 +21,12 @@ use anyhow::{Context, Result};
 use engine::LoadedModel;
 use std::sync::Arc;
 
+/// The models a server loads: the one it serves, and the draft model of `serve --draft-model`.
+pub struct Models {
+    pub model: LoadedModel,
+    pub draft: Option<LoadedModel>,
+}
+
 /// What `mlx-gen serve` was asked for.
 #[derive(Clone)]
 pub struct ServeOptions {
@@ -43,12 +49,12 @@ pub struct ServeOptions {
     pub share: Option<lockstep::Share>,
 }
 
-/// Serves the model `load` makes (on the engine thread, which owns it) until Ctrl-C (or SIGTERM),
+/// Serves the model `load` makes (on the engine thread, which owns it and its draft model) until Ctrl-C (or SIGTERM),
 /// then lets running requests finish and returns. A load failure is returned before anything
 /// listens. If the engine thread dies, `/health` answers 503 with the reason for a moment, then the
 /// server shuts down and the error is returned (the process exits non-zero, for a supervisor to
 /// restart it).
-pub fn serve(load: impl FnOnce() -> Result<LoadedModel> + Send + 'static, options: ServeOptions) -> Result<()> {
+pub fn serve(load: impl FnOnce() -> Result<Models> + Send + 'static, options: ServeOptions) -> Result<()> {
     let metrics = Arc::new(metrics::Metrics::default());
     let health = Arc::new(health::EngineHealth::new(options.step_timeout));
     let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();

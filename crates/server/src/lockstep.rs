@@ -3,9 +3,10 @@
 //! engine calls rank 0 makes ([`Call`]), which it sends to the other ranks before each step through
 //! a [`Share`] function (rank 0's bytes on every rank: a length, then the bytes, over `all_sum`).
 //! Rank 0's scheduler ([`crate::worker`]) makes the calls; the others replay them
-//! ([`crate::replica`]). Neither of those two modules uses the other.
+//! ([`crate::replica`]). Neither of those two modules uses the other. Speculative decoding
+//! ([`SpecOptions`]) is served on one rank only: its rounds are not among the calls replayed.
 use anyhow::Result;
-use engine::batch::{BatchEngine, SeqParams};
+use engine::batch::{BatchEngine, SeqParams, Speculation};
 use engine::cache::PagedPool;
 use engine::sample::{key_seq_as_mlx_lm, KeySeq};
 use engine::{LoadedModel, SamplerConfig};
@@ -23,6 +24,25 @@ pub struct BatchOptions {
     pub kv_budget_bytes: usize,
     /// Bytes of the prefix pool (finished sequences' keys and values kept for reuse); 0: off.
     pub prefix_cache_bytes: usize,
+    /// Speculative decoding of a sequence decoding alone (one rank only).
+    pub speculation: Option<SpecOptions>,
+}
+
+/// `serve --draft-model` or `--prompt-lookup`: who drafts, and the rounds' settings (its
+/// `num_draft_tokens` is that of requests without their own).
+#[derive(Clone, Copy, Debug)]
+pub struct SpecOptions {
+    pub drafter: SpecDrafter,
+    pub config: engine::SpeculativeConfig,
+}
+
+/// Who drafts for [`SpecOptions`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecDrafter {
+    /// The draft model the server loaded ([`crate::Models::draft`]).
+    DraftModel,
+    /// Prompt lookup with n-grams of this size down to 1.
+    PromptLookup(usize),
 }
 
 /// Positions per block of the prefix pool (and the unit of the KV metrics).
@@ -64,9 +84,13 @@ pub enum Call {
     Stop,
 }
 
-/// The engine every rank builds alike.
-pub fn new_engine<'m>(loaded: &'m LoadedModel, options: &BatchOptions, pool: Option<PagedPool>) -> BatchEngine<'m> {
-    BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool)
+/// The engine every rank builds alike, speculating with `speculation` (rank 0 alone: see the module doc).
+pub fn new_engine<'m>(loaded: &'m LoadedModel, options: &BatchOptions, pool: Option<PagedPool>, speculation: Option<Speculation<'m>>) -> BatchEngine<'m> {
+    let engine = BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool);
+    match speculation {
+        Some(s) => engine.with_speculation(s),
+        None => engine,
+    }
 }
 
 /// The prefix pool every rank builds alike (`None` when off).

@@ -1,4 +1,4 @@
-//! Prometheus metrics of the server: request and token counters, TTFT and inter-token latency histograms, queue depth.
+//! Prometheus metrics of the server: request and token counters, TTFT and inter-token latency histograms, queue depth, draft tokens of speculative decoding.
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -50,6 +50,8 @@ struct Inner {
     prefix_blocks: usize,
     prefix_hits: u64,
     prefix_tokens: u64,
+    draft_proposed: u64,
+    draft_accepted: u64,
 }
 
 /// Shared by the HTTP handlers and the engine thread.
@@ -70,6 +72,8 @@ impl Default for Metrics {
             prefix_blocks: 0,
             prefix_hits: 0,
             prefix_tokens: 0,
+            draft_proposed: 0,
+            draft_accepted: 0,
         }))
     }
 }
@@ -123,6 +127,13 @@ impl Metrics {
             m.prefix_blocks = prefix_blocks;
         });
     }
+    /// A choice ended with `proposed` draft tokens proposed to the model, `accepted` of them taken.
+    pub fn drafted(&self, proposed: usize, accepted: usize) {
+        self.with(|m| {
+            m.draft_proposed += proposed as u64;
+            m.draft_accepted += accepted as u64;
+        });
+    }
     /// Requests waiting for the engine.
     pub fn queued(&self) -> i64 {
         let mut q = 0;
@@ -149,6 +160,8 @@ impl Metrics {
             let _ = writeln!(out, "# HELP mlxgen_prefix_cache_blocks Blocks of finished sequences kept for prefix reuse.\n# TYPE mlxgen_prefix_cache_blocks gauge\nmlxgen_prefix_cache_blocks {}", m.prefix_blocks);
             let _ = writeln!(out, "# HELP mlxgen_prefix_cache_hits_total Requests whose prompt began with cached tokens.\n# TYPE mlxgen_prefix_cache_hits_total counter\nmlxgen_prefix_cache_hits_total {}", m.prefix_hits);
             let _ = writeln!(out, "# HELP mlxgen_prefix_cached_tokens_total Prompt tokens taken from the prefix cache.\n# TYPE mlxgen_prefix_cached_tokens_total counter\nmlxgen_prefix_cached_tokens_total {}", m.prefix_tokens);
+            let _ = writeln!(out, "# HELP mlxgen_draft_tokens_proposed_total Draft tokens proposed to the model by speculative decoding (ended choices).\n# TYPE mlxgen_draft_tokens_proposed_total counter\nmlxgen_draft_tokens_proposed_total {}", m.draft_proposed);
+            let _ = writeln!(out, "# HELP mlxgen_draft_tokens_accepted_total Draft tokens the model accepted (ended choices).\n# TYPE mlxgen_draft_tokens_accepted_total counter\nmlxgen_draft_tokens_accepted_total {}", m.draft_accepted);
         });
         out
     }

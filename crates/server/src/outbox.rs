@@ -107,7 +107,7 @@ mod tests {
             out.send(delta(index, &piece));
         }
         for index in 0..2 {
-            out.send(Event::Finish { index, reason: "length", completion_tokens: 5000, note: None, stop_sequence: None });
+            out.send(Event::Finish { index, reason: "length", completion_tokens: 5000, note: None, stop_sequence: None, drafted: None });
         }
         assert!(out.held() <= 4, "{} events held", out.held());
         let mut got = [String::new(), String::new()];

@@ -10,11 +10,14 @@ use engine::LoadedModel;
 
 /// A follower rank: replays rank 0's calls until it stops.
 pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Result<()> {
+    if options.speculation.is_some() {
+        anyhow::bail!("speculative decoding (--draft-model, --prompt-lookup) is served on one rank only");
+    }
     let init_draws = init_random_draws(&loaded.path, &loaded.config).unwrap_or(0);
     // Rank 0 measures the KV bytes per token with a forward pass: the same here.
     engine::batch::kv_bytes_per_token(loaded.model.as_ref())?;
     let pool = new_pool(&loaded, &options);
-    let mut engine = new_engine(&loaded, &options, pool.clone());
+    let mut engine = new_engine(&loaded, &options, pool.clone(), None);
     let mut constraints: Option<Result<Constraints, String>> = None;
     loop {
         let calls: Vec<Call> = serde_json::from_slice(&share(&[])?).context("rank 0 sent calls this rank cannot read")?;
@@ -28,7 +31,7 @@ pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Resul
                 Call::Finish(id) => engine.finish(id),
                 Call::Step => {
                     if engine.step().is_err() {
-                        engine = new_engine(&loaded, &options, pool.clone());
+                        engine = new_engine(&loaded, &options, pool.clone(), None);
                     }
                 }
                 Call::Stop => return Ok(()),

@@ -3,7 +3,7 @@ use crate::api::{self, ApiError};
 use crate::health::{EngineHealth, Status};
 use crate::metrics::Metrics;
 use crate::tools::{Piece, ToolFormat, ToolStream};
-use crate::worker::{Event, Job, TokenLogprob};
+use crate::worker::{Drafted, Event, Job, TokenLogprob};
 use crate::ServeOptions;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -151,13 +151,18 @@ struct Meta {
 }
 
 impl Meta {
-    fn usage(&self, completion_tokens: usize) -> Value {
-        json!({
+    /// `usage`, with the draft tokens of speculative decoding (not OpenAI's) when the server speculates.
+    fn usage(&self, completion_tokens: usize, drafted: Option<Drafted>) -> Value {
+        let mut v = json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        })
+        });
+        if let Some(d) = drafted {
+            v["draft_tokens"] = json!({"proposed": d.proposed, "accepted": d.accepted});
+        }
+        v
     }
 
     fn object(&self, stream: bool) -> &'static str {
@@ -252,6 +257,9 @@ impl Events {
 /// Queues a checked request for the engine thread; returns once it has started (or failed), with
 /// the receiver of its events.
 pub(crate) async fn submit(s: &AppState, prompt: api::Prompt, params: api::GenParams) -> Result<(Started, Events), ApiError> {
+    if params.num_draft_tokens.is_some_and(|k| k > 0) && s.options.batch.speculation.is_none() {
+        return Err(ApiError::bad("num_draft_tokens", "'num_draft_tokens' asks for speculative decoding, but the server was started without it (serve --draft-model or --prompt-lookup)"));
+    }
     if s.metrics.queued() >= s.options.max_queue as i64 {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -302,16 +310,18 @@ async fn collect(meta: Meta, mut rx: Events, want_logprobs: bool) -> Result<Resp
     let mut reasons = vec!["stop"; meta.n];
     let mut notes: Vec<Option<String>> = vec![None; meta.n];
     let mut completion_tokens = 0;
+    let mut drafted = None;
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Delta { index, text, logprobs } if index < meta.n => {
                 texts[index].push_str(&text);
                 lps[index].extend(logprobs);
             }
-            Event::Finish { index, reason, completion_tokens: c, note, .. } if index < meta.n => {
+            Event::Finish { index, reason, completion_tokens: c, note, drafted: d, .. } if index < meta.n => {
                 reasons[index] = reason;
                 notes[index] = note;
                 completion_tokens += c;
+                drafted = Drafted::sum(drafted, d);
             }
             Event::Error(e) => return Err(e),
             _ => {}
@@ -352,7 +362,7 @@ async fn collect(meta: Meta, mut rx: Events, want_logprobs: bool) -> Result<Resp
         })
         .collect();
     let mut v = meta.envelope(false, choices);
-    v["usage"] = meta.usage(completion_tokens);
+    v["usage"] = meta.usage(completion_tokens, drafted);
     Ok(json_response(StatusCode::OK, &v))
 }
 
@@ -375,6 +385,7 @@ fn sse(meta: Meta, mut rx: Events, want_logprobs: bool) -> Response {
     tokio::spawn(async move {
         let mut started = vec![false; meta.n];
         let mut completion_tokens = 0;
+        let mut drafted = None;
         let mut routers: Vec<Option<crate::reasoning::ReasoningStream>> =
             (0..meta.n).map(|_| meta.reasoning.filter(|_| meta.chat).map(crate::reasoning::ReasoningStream::new)).collect();
         let mut tool_streams: Vec<Option<ToolStream>> = (0..meta.n).map(|_| meta.tools.as_ref().map(|(f, d)| ToolStream::new(*f, d.clone()))).collect();
@@ -447,8 +458,9 @@ fn sse(meta: Meta, mut rx: Events, want_logprobs: bool) -> Response {
                     }
                     None
                 }
-                Event::Finish { index, reason, completion_tokens: c, note, .. } if index < meta.n && tool_streams[index].is_some() => {
+                Event::Finish { index, reason, completion_tokens: c, note, drafted: d, .. } if index < meta.n && tool_streams[index].is_some() => {
                     completion_tokens += c;
+                    drafted = Drafted::sum(drafted, d);
                     if meta.chat && !started[index] {
                         started[index] = true;
                         frames.push(choice(index, Some(""), true, &[], None));
@@ -506,8 +518,9 @@ fn sse(meta: Meta, mut rx: Events, want_logprobs: bool) -> Response {
                     }
                     None => frames.push(choice(index, Some(&text), false, &logprobs, None)),
                 },
-                Event::Finish { index, reason, completion_tokens: c, note, .. } => {
+                Event::Finish { index, reason, completion_tokens: c, note, drafted: d, .. } => {
                     completion_tokens += c;
+                    drafted = Drafted::sum(drafted, d);
                     if let Some(router) = routers.get_mut(index).and_then(Option::as_mut) {
                         let (r, a) = router.finish();
                         if !r.is_empty() {
@@ -532,7 +545,7 @@ fn sse(meta: Meta, mut rx: Events, want_logprobs: bool) -> Response {
         }
         if meta.include_usage {
             let mut v = meta.envelope(true, Vec::new());
-            v["usage"] = meta.usage(completion_tokens);
+            v["usage"] = meta.usage(completion_tokens, drafted);
             let _ = btx.send(frame(&v)).await;
         }
         let _ = btx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;

@@ -12,7 +12,9 @@
 //! it makes (rows times the longest reservation, prompt + max_tokens) fits the KV budget; one that
 //! can never fit, alone, is refused (`context_length_exceeded`), one that does not fit now waits.
 //! A job past its deadline (`--request-timeout`) ends with a 408; the engine reports every step to
-//! [`EngineHealth`] (for `/health`).
+//! [`EngineHealth`] (for `/health`). With `serve --draft-model` or `--prompt-lookup`, a request
+//! decoding alone runs speculative rounds (see `engine::batch`'s `solo.rs`); each choice's draft
+//! counts go out with its `Finish` and into the metrics.
 use crate::api::{ApiError, GenParams};
 use crate::prepare::{Prepared, Preparer};
 use crate::health::{EngineHealth, Fault};
@@ -20,8 +22,9 @@ use crate::outbox::Outbox;
 use crate::constrain::{compile, Constraints};
 use crate::tools::ToolFormat;
 use crate::metrics::Metrics;
-use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, SeqSpec, Share, BLOCK};
-use engine::batch::{BatchEngine, StepToken};
+use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, SeqSpec, Share, SpecDrafter, SpecOptions, BLOCK};
+use crate::Models;
+use engine::batch::{BatchEngine, Drafter, SeqSpeculation, Speculation, StepToken};
 use engine::cache::PagedPool;
 use engine::sample::{init_random_draws, token_logprobs};
 use tokenizer::StreamingDetokenizer;
@@ -71,6 +74,24 @@ pub struct TokenLogprob {
     pub top: Vec<(String, f32)>,
 }
 
+/// Draft tokens proposed to the model for a choice, and those it accepted (speculative decoding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drafted {
+    pub proposed: usize,
+    pub accepted: usize,
+}
+
+impl Drafted {
+    /// Both counts summed (`None` when neither has any).
+    pub fn sum(a: Option<Drafted>, b: Option<Drafted>) -> Option<Drafted> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Drafted { proposed: a.proposed + b.proposed, accepted: a.accepted + b.accepted }),
+            (a, None) => a,
+            (None, b) => b,
+        }
+    }
+}
+
 /// What the engine thread tells the handler of a job.
 #[derive(Debug)]
 pub enum Event {
@@ -88,8 +109,9 @@ pub enum Event {
     /// New text of choice `index` (possibly empty when only log-probabilities are new).
     Delta { index: usize, text: String, logprobs: Vec<TokenLogprob> },
     /// Choice `index` ended: "stop" (EOS or a stop string) or "length"; `note` says why a grammar
-    /// ended it early (it dead-ended or failed).
-    Finish { index: usize, reason: &'static str, completion_tokens: usize, note: Option<String>, stop_sequence: Option<String> },
+    /// ended it early (it dead-ended or failed); `drafted`: its draft tokens when the server
+    /// speculates.
+    Finish { index: usize, reason: &'static str, completion_tokens: usize, note: Option<String>, stop_sequence: Option<String>, drafted: Option<Drafted> },
     /// The job failed; before `Started`, a 4xx answer.
     Error(ApiError),
 }
@@ -102,7 +124,7 @@ pub enum Event {
 /// `health` (the thread ends; its jobs' channels close). Returns the thread and what the handlers
 /// prepare prompts with.
 pub fn spawn(
-    load: Box<dyn FnOnce() -> anyhow::Result<LoadedModel> + Send>,
+    load: Box<dyn FnOnce() -> anyhow::Result<Models> + Send>,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
     health: Arc<EngineHealth>,
@@ -113,15 +135,21 @@ pub fn spawn(
     let fault = Fault::from_env()?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<Preparer>>();
     let thread = std::thread::Builder::new().name("mlx-gen-engine".into()).spawn(move || {
-        let loaded = match load() {
-            Ok(l) => l,
+        let models = match load() {
+            Ok(m) => m,
             Err(e) => {
                 let _ = ready_tx.send(Err(e));
                 return;
             }
         };
-        let mut worker = Worker::new(&loaded, &metrics, &health, options, share, fault);
-        let _ = ready_tx.send(Ok(Preparer::new(&loaded)));
+        let mut worker = match Worker::new(&models, &metrics, &health, options, share, fault) {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready_tx.send(Ok(Preparer::new(&models.model)));
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&jobs, &stopping))) {
             Ok(()) => {
                 worker.calls.push(Call::Stop);
@@ -196,6 +224,10 @@ struct Worker<'m> {
     pool: Option<PagedPool>,
     xtc_special: Vec<u32>,
     init_draws: usize,
+    /// Speculative decoding of a request decoding alone, and the draws the draft model's load
+    /// takes from a seed (`generate --draft-model --seed` loads it after the model).
+    speculation: Option<Speculation<'m>>,
+    draft_draws: usize,
     kv_bytes_per_token: usize,
     choices: HashMap<u64, Choice>,
     next_id: u64,
@@ -218,20 +250,31 @@ fn engine_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl<'m> Worker<'m> {
-    fn new(loaded: &'m LoadedModel, metrics: &'m Metrics, health: &'m EngineHealth, options: BatchOptions, share: Option<Share>, fault: Option<Fault>) -> Worker<'m> {
+    fn new(models: &'m Models, metrics: &'m Metrics, health: &'m EngineHealth, options: BatchOptions, share: Option<Share>, fault: Option<Fault>) -> anyhow::Result<Worker<'m>> {
+        let loaded = &models.model;
+        let speculation = speculation(models, options.speculation)?;
+        if speculation.is_some() && share.is_some() {
+            anyhow::bail!("speculative decoding (--draft-model, --prompt-lookup) is served on one rank only");
+        }
+        let draft_draws = match (&speculation, &models.draft) {
+            (Some(_), Some(d)) => init_random_draws(&d.path, &d.config).unwrap_or(0),
+            _ => 0,
+        };
         let pool = new_pool(loaded, &options);
-        Worker {
+        Ok(Worker {
             loaded,
             metrics,
             health,
             fault,
             steps: 0,
             held: Vec::new(),
-            engine: new_engine(loaded, &options, pool.clone()),
+            engine: new_engine(loaded, &options, pool.clone(), speculation),
             options,
             pool,
             xtc_special: engine::sample::xtc_special_tokens(loaded).unwrap_or_default(),
             init_draws: init_random_draws(&loaded.path, &loaded.config).unwrap_or(0),
+            speculation,
+            draft_draws,
             kv_bytes_per_token: engine::batch::kv_bytes_per_token(loaded.model.as_ref()).unwrap_or(1),
             choices: HashMap::new(),
             next_id: 0,
@@ -240,7 +283,7 @@ impl<'m> Worker<'m> {
             calls: Vec::new(),
             constraints: None,
             trace: WorkerTrace::from_env(),
-        }
+        })
     }
 
     /// Prints the trace of the busy stretch that just ended (with `MLX_GEN_TRACE`).
@@ -268,13 +311,17 @@ impl<'m> Worker<'m> {
         }
     }
 
-    fn engine_add(&mut self, spec: SeqSpec) -> engine::Result<usize> {
-        let params = spec.params(self.init_draws)?;
+    /// Adds a sequence; `speculation` applies where the server speculates. A sequence that may
+    /// speculate draws from a seed as `generate --draft-model D --seed` (past the draft model's
+    /// load too), the others as `generate --seed`.
+    fn engine_add(&mut self, spec: SeqSpec, speculation: SeqSpeculation) -> engine::Result<usize> {
+        let speculates = self.speculation.is_some() && speculation.num_draft_tokens != Some(0) && spec.grammar.is_none();
+        let params = spec.params(self.init_draws + if speculates { self.draft_draws } else { 0 })?;
         let constraint = match &spec.grammar {
             Some(g) => Some(compile(self.constraints(), g)?),
             None => None,
         };
-        let r = self.engine.add_constrained(spec.id, spec.prompt.clone(), params, constraint);
+        let r = self.engine.add_speculative(spec.id, spec.prompt.clone(), params, constraint, speculation);
         if self.share.is_some() {
             self.calls.push(Call::Add(Box::new(spec)));
         }
@@ -368,7 +415,7 @@ impl<'m> Worker<'m> {
                         }
                         self.end(id);
                     }
-                    self.engine = new_engine(self.loaded, &self.options, self.pool.clone());
+                    self.engine = new_engine(self.loaded, &self.options, self.pool.clone(), self.speculation);
                 }
             }
             let clock = Instant::now();
@@ -499,7 +546,8 @@ impl<'m> Worker<'m> {
             sampler.xtc_special_tokens = self.xtc_special.clone();
             let logprobs = params.logprobs.is_some();
             let grammar = plan.grammar.clone();
-            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs, grammar });
+            let speculation = SeqSpeculation { num_draft_tokens: params.num_draft_tokens, max_tokens: Some(params.max_tokens) };
+            let added = self.engine_add(SeqSpec { id: self.next_id, prompt: prompt.clone(), sampler, seed, as_generate, logprobs, grammar }, speculation);
             match added {
                 Ok(c) if index == 0 => cached = c,
                 Ok(_) => {}
@@ -552,10 +600,15 @@ impl<'m> Worker<'m> {
         }
     }
 
-    /// Forgets choice `id`: out of the batch, its reservation back; the job ends with its last choice.
+    /// Forgets choice `id`: out of the batch, its reservation back, its draft counts into the
+    /// metrics; the job ends with its last choice.
     fn end(&mut self, id: u64) {
+        let drafted = self.engine.speculation_stats(id);
         self.engine_finish(id);
         if let Some(c) = self.choices.remove(&id) {
+            if let Some(d) = drafted {
+                self.metrics.drafted(d.proposed, d.accepted);
+            }
             if !self.choices.values().any(|o| Rc::ptr_eq(&o.job, &c.job)) {
                 self.metrics.queue(0, -1);
             }
@@ -599,7 +652,8 @@ impl<'m> Worker<'m> {
         }
         if hit {
             let stop_sequence = c.stop.matched().map(str::to_owned);
-            deliver(&mut self.held, &c.job, Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None, stop_sequence });
+            let drafted = self.engine.speculation_stats(t.id).map(|s| Drafted { proposed: s.proposed, accepted: s.accepted });
+            deliver(&mut self.held, &c.job, Event::Finish { index: c.index, reason: "stop", completion_tokens: c.tokens, note: None, stop_sequence, drafted });
             return self.end(t.id);
         }
         if c.tokens >= c.job.params.max_tokens {
@@ -613,6 +667,7 @@ impl<'m> Worker<'m> {
     }
 
     fn finish_noted(&mut self, id: u64, reason: &'static str, note: Option<String>) {
+        let drafted = self.engine.speculation_stats(id).map(|s| Drafted { proposed: s.proposed, accepted: s.accepted });
         if let Some(c) = self.choices.get_mut(&id) {
             c.detok.finalize();
             let (mut text, hit) = c.stop.push(&c.detok.last_segment());
@@ -623,7 +678,7 @@ impl<'m> Worker<'m> {
                 deliver(&mut self.held, &c.job, Event::Delta { index: c.index, text, logprobs: Vec::new() });
             }
             let stop_sequence = c.stop.matched().map(str::to_owned);
-            deliver(&mut self.held, &c.job, Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note, stop_sequence });
+            deliver(&mut self.held, &c.job, Event::Finish { index: c.index, reason: if hit { "stop" } else { reason }, completion_tokens: c.tokens, note, stop_sequence, drafted });
         }
         self.end(id);
     }
@@ -636,4 +691,16 @@ impl<'m> Worker<'m> {
         let cached = self.pool.as_ref().map_or(0, PagedPool::cached_blocks);
         self.metrics.batch(running + prefilling, blocks, cached);
     }
+}
+
+/// The engine's speculation from `serve`'s options and the loaded draft model, checked.
+fn speculation(models: &Models, options: Option<SpecOptions>) -> anyhow::Result<Option<Speculation<'_>>> {
+    let speculation = match (options, &models.draft) {
+        (None, None) => return Ok(None),
+        (Some(SpecOptions { drafter: SpecDrafter::DraftModel, config }), Some(d)) => Speculation { drafter: Drafter::Model(d.model.as_ref()), config },
+        (Some(SpecOptions { drafter: SpecDrafter::PromptLookup(ngram), config }), None) => Speculation { drafter: Drafter::PromptLookup { ngram }, config },
+        _ => anyhow::bail!("a draft model is loaded exactly when speculation with a draft model is asked for"),
+    };
+    speculation.check(models.model.model.as_ref())?;
+    Ok(Some(speculation))
 }

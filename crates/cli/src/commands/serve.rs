@@ -1,4 +1,5 @@
-//! `mlx-gen serve`: an OpenAI-compatible HTTP server for one model (chat and text completions, SSE streaming, metrics).
+//! `mlx-gen serve`: an OpenAI-compatible HTTP server for one model (chat and text completions, SSE streaming, metrics), speculating with a draft model or prompt lookup for a request that decodes alone.
+use super::generate::speculative::SpecArgs;
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -47,6 +48,9 @@ pub struct Args {
     /// On several ranks (mlx-gen launch): pipeline parallel instead of tensor parallel.
     #[arg(long)]
     pipeline: bool,
+    /// Speculative decoding while one request decodes alone (several decode batched).
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -66,11 +70,21 @@ pub fn run(args: Args) -> Result<()> {
         // cuDNN graph build per new shape on the GPU (see engine::nn::sdpa).
         engine::nn::sdpa::set_composed_max(args.prefill_step_size.min(2048) as i32);
     }
+    let speculation = match (&args.spec.draft_model, args.spec.prompt_lookup) {
+        (None, None) => None,
+        (_, lookup) if crate::rank::group().is_some() => {
+            let flag = if lookup.is_some() { "--prompt-lookup" } else { "--draft-model" };
+            anyhow::bail!("{flag} is served on one rank only: speculative decoding does not combine with serving over several ranks (mlx-gen launch)")
+        }
+        (Some(_), _) => Some(server::lockstep::SpecOptions { drafter: server::lockstep::SpecDrafter::DraftModel, config: args.spec.config()? }),
+        (None, Some(n)) => Some(server::lockstep::SpecOptions { drafter: server::lockstep::SpecDrafter::PromptLookup(n as usize), config: args.spec.config()? }),
+    };
     let batch = server::lockstep::BatchOptions {
         max_batch: args.max_batch_size,
         prefill_step_size: args.prefill_step_size,
         kv_budget_bytes: args.kv_budget_mb << 20,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
+        speculation,
     };
     // On several ranks rank 0 serves and the others replay its engine calls.
     let share: Option<server::lockstep::Share> =
@@ -82,9 +96,13 @@ pub fn run(args: Args) -> Result<()> {
         return server::replica::follow(loaded, share, batch);
     }
     // The engine thread loads the model and alone holds its arrays.
-    let pipeline = args.pipeline;
+    let (pipeline, spec) = (args.pipeline, args.spec);
     server::serve(
-        move || crate::rank::load_model(&dir, pipeline).map(|(loaded, _)| loaded),
+        move || {
+            let (model, _) = crate::rank::load_model(&dir, pipeline)?;
+            let draft = spec.load_draft(&model)?;
+            Ok(server::Models { model, draft })
+        },
         server::ServeOptions {
             model_id,
             host: args.host,

@@ -14,7 +14,8 @@
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
 //! the CPU while the device runs it (one host sync per step, as without constraints), each
-//! constrained row on its own thread.
+//! constrained row on its own thread. With [`Speculation`] set, a sequence decoding alone runs
+//! speculative rounds instead (see `solo.rs`).
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
@@ -28,8 +29,11 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 mod prefill;
+mod solo;
 mod trace;
 use prefill::{Ctx, Group, Prefill, Prefilled};
+use solo::{SeqDraft, Solo};
+pub use solo::{Drafter, SeqSpeculation, Speculation};
 pub use trace::StepTrace;
 use trace::lap;
 
@@ -57,6 +61,10 @@ struct Row {
     tokens: Vec<u32>,
     history: Option<Array>,
     constraint: Option<Box<dyn TokenConstraint>>,
+    draft: SeqDraft,
+    /// Its queued token was handed out already (it came back from decoding alone): the next step
+    /// feeds it without handing it out again.
+    skip: bool,
 }
 
 /// The queued step: per row, the token to hand out next and its log-probabilities.
@@ -90,6 +98,9 @@ pub struct BatchEngine<'m> {
     steps: usize,
     /// `MLX_GEN_TRACE`: the steps' time by stage.
     trace: Option<StepTrace>,
+    /// Speculative decoding of a sequence alone, and the sequence decoding so now.
+    speculation: Option<Speculation<'m>>,
+    solo: Option<Solo<'m>>,
 }
 
 impl<'m> BatchEngine<'m> {
@@ -118,16 +129,19 @@ impl<'m> BatchEngine<'m> {
             leaving: Vec::new(),
             steps: 0,
             trace: StepTrace::from_env(),
+            speculation: None,
+            solo: None,
         }
     }
 
     /// Sequences decoding now and sequences still being prefilled (ended ones not counted).
     pub fn len(&self) -> (usize, usize) {
-        (self.rows.len() - self.leaving.len(), self.waiting.len() + self.group.as_ref().map_or(0, Group::len))
+        let running = self.rows.len() + usize::from(self.solo.is_some()) - self.leaving.len();
+        (running, self.waiting.len() + self.group.as_ref().map_or(0, Group::len))
     }
 
     pub fn is_idle(&self) -> bool {
-        self.rows.is_empty() && self.waiting.is_empty() && self.group.is_none()
+        self.rows.is_empty() && self.waiting.is_empty() && self.group.is_none() && self.solo.is_none()
     }
 
     /// Queues sequence `id` with `prompt`; returns how many leading prompt tokens came from the
@@ -138,20 +152,27 @@ impl<'m> BatchEngine<'m> {
 
     /// [`BatchEngine::add`] with every token of the sequence masked by `constraint`.
     pub fn add_constrained(&mut self, id: u64, prompt: Vec<u32>, params: SeqParams, constraint: Option<Box<dyn TokenConstraint>>) -> Result<usize> {
+        self.add_speculative(id, prompt, params, constraint, SeqSpeculation::default())
+    }
+
+    /// [`BatchEngine::add_constrained`] with the sequence's speculation settings (draft tokens
+    /// only where the engine speculates).
+    pub fn add_speculative(&mut self, id: u64, prompt: Vec<u32>, params: SeqParams, constraint: Option<Box<dyn TokenConstraint>>, spec: SeqSpeculation) -> Result<usize> {
         if prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
         }
         params.sampler.validate()?;
         params.sampler.validate_vocab(self.model.vocab_size())?;
+        let draft = self.seq_draft(spec, &params)?;
         let n_layers = self.layers;
         if !self.batchable {
             let cache = self.model.make_cache();
-            self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache, constraint });
+            self.waiting.push_back(Prefill { id, prompt, params, done: 0, cache, constraint, draft });
             return Ok(0);
         }
         if let Some(states) = self.states.as_mut() {
             let (done, cache) = states.lookup(&prompt)?.unwrap_or_else(|| (0, self.model.make_cache()));
-            self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
+            self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint, draft });
             return Ok(done);
         }
         let (done, cache): (usize, Vec<Box<dyn KvCache>>) = match self.prefix.as_ref().map(|p| p.lookup(&prompt)).transpose()? {
@@ -164,7 +185,7 @@ impl<'m> BatchEngine<'m> {
             }
             _ => (0, self.model.make_cache()),
         };
-        self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint });
+        self.waiting.push_back(Prefill { id, prompt, params, done, cache, constraint, draft });
         Ok(done)
     }
 
@@ -181,7 +202,7 @@ impl<'m> BatchEngine<'m> {
             self.waiting.remove(i);
         } else if self.group.as_mut().is_some_and(|g| g.remove(id)) {
             self.group = None;
-        } else if self.rows.iter().any(|r| r.id == id) {
+        } else if self.rows.iter().any(|r| r.id == id) || self.solo.as_ref().is_some_and(|s| s.id == id) {
             self.leaving.push(id);
         }
     }
@@ -194,6 +215,10 @@ impl<'m> BatchEngine<'m> {
         let mut times = [std::time::Duration::ZERO; 5];
         self.drop_leaving()?;
         lap(&mut times[0], &mut clock);
+        if let Some(out) = self.solo_step()? {
+            self.steps += 1;
+            return Ok(out);
+        }
         let joined = self.prefill_some()?;
         lap(&mut times[1], &mut clock);
         if !joined.is_empty() {
@@ -230,7 +255,10 @@ impl<'m> BatchEngine<'m> {
         let mut out = Vec::with_capacity(ids.len());
         for ((row, &token), logprobs) in self.rows.iter_mut().zip(&ids).zip(current.logprobs) {
             row.tokens.push(token);
-            out.push(StepToken { id: row.id, token, logprobs });
+            if !std::mem::take(&mut row.skip) {
+                row.draft.handed();
+                out.push(StepToken { id: row.id, token, logprobs });
+            }
         }
         self.steps += 1;
         if self.steps.is_multiple_of(256) {
@@ -275,6 +303,9 @@ impl<'m> BatchEngine<'m> {
             return Ok(());
         }
         let leaving = std::mem::take(&mut self.leaving);
+        if self.solo.as_ref().is_some_and(|s| leaving.contains(&s.id)) {
+            self.drop_solo()?;
+        }
         let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !leaving.contains(&self.rows[i].id)).collect();
         if !self.batchable {
             // The one running sequence left (its own caches go with it).
@@ -336,7 +367,7 @@ impl<'m> BatchEngine<'m> {
         while budget > 0 {
             if self.group.is_none() {
                 // One sequence at a time where the caches cannot be merged.
-                if !self.batchable && (!self.rows.is_empty() || !joined.is_empty()) {
+                if !self.batchable && (!self.rows.is_empty() || !joined.is_empty() || self.solo.is_some()) {
                     break;
                 }
                 self.group = Group::take(&mut self.waiting, budget, self.groups, !self.batchable);

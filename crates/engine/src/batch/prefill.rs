@@ -11,6 +11,7 @@
 //! A group of one row runs in the sequence's own caches (exactly the single-sequence prefill);
 //! models whose caches are not plain KV caches (recurrent states, cache lists, rotating windows)
 //! only form groups of one row.
+use super::solo::SeqDraft;
 use super::{filled, history_of, sample_rows, Pending, Row, SeqParams};
 use crate::cache::{BatchCache, KvCache, PagedPool, StatePrefixCache, StoredSeq};
 use crate::error::{EngineError, Result};
@@ -35,6 +36,7 @@ pub(super) struct Prefill {
     pub done: usize,
     pub cache: Vec<Box<dyn KvCache>>,
     pub constraint: Option<Box<dyn TokenConstraint>>,
+    pub draft: SeqDraft,
 }
 
 impl Prefill {
@@ -115,6 +117,11 @@ impl Group {
             members.push(next);
         }
         Some(Group { members, row_of, first, col: 0, cache: Vec::new(), own: false })
+    }
+
+    /// Whether sequence `id` is a member still wanted.
+    pub fn has(&self, id: u64) -> bool {
+        id != GONE && self.members.iter().any(|m| m.id == id)
     }
 
     /// Members still wanted.
@@ -253,7 +260,7 @@ impl Group {
         for mut m in self.members.drain(..).filter(|m| m.id != GONE) {
             masks.push(m.constraint.as_mut().map(|c| c.allowed(vocab)).transpose()?);
             let history = history_of(&m.params.sampler, &m.prompt)?;
-            rows.push(Row { id: m.id, params: m.params, tokens: m.prompt, history, constraint: m.constraint });
+            rows.push(Row { id: m.id, params: m.params, tokens: m.prompt, history, constraint: m.constraint, draft: m.draft, skip: false });
         }
         let constrained = masks.iter().any(Option::is_some);
         let first = sample_rows(&mut rows, None, logits, constrained.then_some(masks.as_slice()))?;

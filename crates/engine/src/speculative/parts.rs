@@ -6,6 +6,7 @@ use crate::cache::{maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, KvCa
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
+use mlx::random::KeySeq;
 use mlx::{ops, Array, Dtype};
 
 /// The logits processors' token history, mlx-lm's `prev_tokens`: a lazy int32 array, kept only
@@ -52,7 +53,8 @@ impl History {
 }
 
 /// mlx-lm's `_step`: one forward pass over `input` (L,), then the last `n_predict` positions are
-/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab). With
+/// processed and sampled: tokens (n_predict,) and log-probabilities (n_predict, vocab), drawing
+/// from `keys` when given (a sequence's own random stream) or else MLX's global key. With
 /// `padded`, the input's first `len - padded` positions are its own and the rest padding (causal
 /// attention keeps them out of the real positions; the caller trims them from the cache).
 pub(super) fn step(
@@ -62,8 +64,9 @@ pub(super) fn step(
     n_predict: i32,
     config: &GenerateConfig,
     history: &mut History,
+    keys: Option<&mut KeySeq>,
 ) -> Result<(Array, Array)> {
-    step_padded(model, cache, input, 0, n_predict, config, history, None)
+    step_padded(model, cache, input, 0, n_predict, config, history, None, keys)
 }
 
 /// [`step`] over an input whose last `padded` positions are padding, with constrained decoding's
@@ -78,6 +81,7 @@ pub(super) fn step_padded(
     config: &GenerateConfig,
     history: &mut History,
     masks: Option<&[bool]>,
+    mut keys: Option<&mut KeySeq>,
 ) -> Result<(Array, Array)> {
     let full = input.dim(0);
     let logits = model.forward(&input.reshape(&[1, full])?, cache)?; // (1, L, vocab)
@@ -87,7 +91,7 @@ pub(super) fn step_padded(
     let sampler = &config.sampler;
     if sampler.processors.is_empty() {
         // All positions in one sampler call (one random draw for all of them).
-        return sampler.process_and_sample_masked(&logits.squeeze(&[0])?, None, None, masks);
+        return sampler.process_and_sample_masked(&logits.squeeze(&[0])?, None, keys, masks);
     }
     let vocab = logits.dim(-1) as usize;
     let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
@@ -96,7 +100,7 @@ pub(super) fn step_padded(
         history.push(&y)?;
         let row = logits.slice_axis(1, i, i + 1)?.squeeze(&[1])?; // (1, vocab)
         let mask = masks.map(|m| &m[i as usize * vocab..(i as usize + 1) * vocab]);
-        let (t, lp) = sampler.process_and_sample_masked(&row, history.tokens.as_ref(), None, mask)?;
+        let (t, lp) = sampler.process_and_sample_masked(&row, history.tokens.as_ref(), keys.as_deref_mut(), mask)?;
         ys.push(t.clone());
         lps.push(lp);
         y = t;

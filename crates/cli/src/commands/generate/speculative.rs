@@ -1,4 +1,4 @@
-//! `generate`'s speculative decoding flags (`--draft-model`, `--prompt-lookup`, `--num-draft-tokens`, `--adaptive-draft`, `--always-speculate`) and the token stream that is plain or speculative.
+//! The speculative decoding flags of `generate`, `bench` and `serve` (`--draft-model`, `--prompt-lookup`, `--num-draft-tokens`, `--adaptive-draft`, `--always-speculate`) and `generate`'s token stream that is plain or speculative.
 use anyhow::{bail, Result};
 use engine::cache::KvCache;
 use engine::models::Model;
@@ -42,6 +42,17 @@ impl SpecArgs {
         Ok(Some(draft))
     }
 
+    /// The rounds' settings: the flags', and the device's verification padding and pipelining.
+    pub fn config(&self) -> Result<SpeculativeConfig> {
+        Ok(SpeculativeConfig {
+            num_draft_tokens: self.num_draft_tokens as usize,
+            adaptive: self.adaptive_draft,
+            fallback: !self.always_speculate,
+            pad_verify: verify_padding()?,
+            pipeline: pipelined_rounds()?,
+        })
+    }
+
     /// The token stream: speculative with a draft model or prompt lookup, else plain.
     pub fn stream<'m>(
         &self,
@@ -52,13 +63,7 @@ impl SpecArgs {
         config: GenerateConfig,
         constraint: Option<Box<dyn engine::sample::TokenConstraint>>,
     ) -> Result<Tokens<'m>> {
-        let spec = SpeculativeConfig {
-            num_draft_tokens: self.num_draft_tokens as usize,
-            adaptive: self.adaptive_draft,
-            fallback: !self.always_speculate,
-            pad_verify: verify_padding()?,
-            pipeline: pipelined_rounds()?,
-        };
+        let spec = self.config()?;
         let drafter = match (draft, self.prompt_lookup) {
             (Some(d), _) => Draft::Model { model: d.model.as_ref(), cache: d.model.make_cache() },
             (None, Some(n)) => Draft::PromptLookup { ngram: n as usize },
