@@ -172,18 +172,30 @@ fn convert_equals_mlx_lm() {
 }
 
 /// Speculative decoding (a draft model, and prompt lookup) keeps the target's greedy tokens, with
-/// chunked caches trimmed after rejected drafts. (ministral3's own rotating caches cannot be
-/// trimmed once the prompt passes the window, in mlx-lm as here.)
+/// chunked caches trimmed after rejected drafts, and with ministral3's rotating windows (12
+/// positions, passed by the prompt), which cannot be trimmed once wrapped (mlx-lm's trim then does
+/// nothing and its speculation goes on over a wrong cache): they are put back and the accepted
+/// tokens run again. Also a draft model whose own windows wrap, and `--max-kv-size`.
 #[test]
 fn speculative_keeps_greedy_tokens() {
-    for (target, draft) in [("llama4-f32", "llama4_text-f32"), ("mistral3-f32", "llama4_text-q4")] {
+    for (target, draft) in [
+        ("llama4-f32", "llama4_text-f32"),
+        ("mistral3-f32", "llama4_text-q4"),
+        ("ministral3-f32", "llama4_text-q4"),
+        ("llama4_text-f32", "ministral3-q4"),
+    ] {
         let plain = generate(target, CHAT_PROMPT, &[]);
         let d = models().join(draft);
-        let with_draft = generate(target, CHAT_PROMPT, &["--draft-model", d.to_str().unwrap(), "--num-draft-tokens", "3"]);
-        assert_eq!(ids(&with_draft["tokens"]), ids(&plain["tokens"]), "{target} with draft {draft}");
+        for k in ["2", "5"] {
+            let with_draft = generate(target, CHAT_PROMPT, &["--draft-model", d.to_str().unwrap(), "--num-draft-tokens", k]);
+            assert_eq!(ids(&with_draft["tokens"]), ids(&plain["tokens"]), "{target} with draft {draft}, K={k}");
+        }
         let lookup = generate(target, CHAT_PROMPT, &["--prompt-lookup", "2"]);
         assert_eq!(ids(&lookup["tokens"]), ids(&plain["tokens"]), "{target} with prompt lookup");
     }
+    let plain = generate("ministral3-f32", CHAT_PROMPT, &["--max-kv-size", "20"]);
+    let lookup = generate("ministral3-f32", CHAT_PROMPT, &["--max-kv-size", "20", "--prompt-lookup", "1", "--num-draft-tokens", "4"]);
+    assert_eq!(ids(&lookup["tokens"]), ids(&plain["tokens"]), "ministral3 --max-kv-size 20 with prompt lookup");
 }
 
 /// Runs `prompts` through one batch engine (the second joins at step 5, the others at once), 24

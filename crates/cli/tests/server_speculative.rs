@@ -159,6 +159,11 @@ fn batch_engine_speculates_one_at_a_time_without_batch_caches() {
     let spec = Speculation { drafter: Drafter::PromptLookup { ngram: 2 }, config: config(3, false) };
     let err = spec.check(windowed.model.as_ref()).expect_err("a rotating cache").to_string();
     assert!(err.contains("RotatingKVCache") && err.contains("window"), "{err}");
+    // A model's own layer caches (DeepSeek-V4.1's, which `generate` speculates on by putting them
+    // back) do not move between the batch and the generator: refused up front too.
+    let own = LoadedModel::load(&common::deepseek_sparse_models_dir().join("dsv41-f32")).unwrap();
+    let err = spec.check(own.model.as_ref()).expect_err("a model's own layer caches").to_string();
+    assert!(err.contains("own layer caches"), "{err}");
 }
 
 fn dir(variant: &str) -> String {

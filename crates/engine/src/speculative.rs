@@ -18,10 +18,12 @@
 //! with a device sync after the draft) and the totals are printed when the generator is dropped.
 //!
 //! A recurrent layer's state (qwen3_next, qwen3_5) cannot be trimmed, so mlx-lm refuses such
-//! models; here the states are kept before each forward pass that may be rejected in part, and a
-//! rejection puts them back and runs the accepted tokens through the model again (their logits
-//! unused), which leaves every cache as plain decoding of the same tokens would.
-use crate::cache::{can_trim_prompt_cache, trim_prompt_cache, ArraysCache, Caches, KvCache};
+//! models, and a rotating window (sliding-window layers, `--max-kv-size`) cannot once it has
+//! wrapped (mlx-lm's trim then silently does nothing); here such layers are kept before each
+//! forward pass that may be rejected in part, and a rejection puts them back and runs the accepted
+//! tokens through the model again (their logits unused), which leaves every cache holding what
+//! plain decoding of the same tokens would.
+use crate::cache::{trim_prompt_cache, Caches, KvCache};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
@@ -37,7 +39,7 @@ mod parts;
 mod pipelined;
 mod resume;
 
-use parts::{cannot_rewind, rewind, rewindable, step, step_padded, History};
+use parts::{cannot_rewind, checkpoint, rewind, rewindable, step, step_padded, trims_only, History};
 pub use parts::prompt_lookup;
 pub use resume::{check_rewindable, Parts, Resume};
 
@@ -302,8 +304,8 @@ impl<'m> SpeculativeGenerator<'m> {
         let config_max = config.max_tokens;
         let exact_anyway = config.sampler.is_greedy() && processors.is_empty() && constraint.is_none();
         let pace = (spec.fallback && exact_anyway).then(Pace::new);
-        // Padding and pipelining rewind by trimming: not over recurrent states.
-        let trimmable = can_trim_prompt_cache(&cache);
+        // Padding and pipelining rewind by trimming: not over recurrent states or rotating windows.
+        let trimmable = trims_only(&cache);
         let pipelined = exact_anyway && spec.pipeline && trimmable && matches!(draft, Draft::PromptLookup { .. });
         let trace = std::env::var_os("MLX_GEN_TRACE").map(|_| Trace::default());
         Ok(SpeculativeGenerator {
@@ -409,7 +411,7 @@ impl<'m> SpeculativeGenerator<'m> {
         let want = (max - self.ntoks).min(self.k);
         // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
         let draft_before = match &self.draft {
-            Draft::Model { cache, .. } => ArraysCache::snapshot(cache),
+            Draft::Model { cache, .. } => checkpoint(cache, self.draft_y.len() + want),
             Draft::PromptLookup { .. } => None,
         };
         let draft_input = self.draft_y.clone();
@@ -454,8 +456,8 @@ impl<'m> SpeculativeGenerator<'m> {
             (Some(c), None, None) => Some(draft_masks(c.as_mut(), &[], self.model.vocab_size() as usize)?),
             (None, ..) => None,
         };
-        // Recurrent layers' states, to put back if drafts are rejected (None without such layers).
-        let before = ArraysCache::snapshot(&self.cache);
+        // Recurrent states and rotating windows about to wrap, to put back if drafts are rejected.
+        let before = checkpoint(&self.cache, self.y.len() + num_draft + self.pad_verify);
         let v = self.queue_verify(&y, draft.as_ref(), num_draft, masks.as_deref())?;
         mlx::eval(&[&v.tokens, &v.input])?;
         let tokens: Vec<u32> = v.tokens.to_vec()?;

@@ -148,9 +148,6 @@ pub fn run(args: Args) -> Result<()> {
     };
     let model_dir = crate::model_arg::resolve(model_arg.as_deref())?;
     let (loaded, _) = crate::rank::load_model(&model_dir, args.pipeline)?;
-    if args.spec.enabled() && args.kv.max_kv_size.is_some() {
-        bail!("--max-kv-size does not combine with speculative decoding (its rotating cache cannot be rewound)");
-    }
     if args.spec.draft_model.is_some() && args.prompt_cache_file.is_some() {
         bail!("--prompt-cache-file does not combine with --draft-model (the cache holds the model's prompt only)");
     }

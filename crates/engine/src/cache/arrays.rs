@@ -126,6 +126,10 @@ impl KvCache for ArraysCache {
         false
     }
 
+    fn checkpoint(&self, _upcoming: i32) -> Option<Box<dyn KvCache>> {
+        Some(Box::new(self.clone()))
+    }
+
     fn trim(&mut self, n: i32) -> Result<i32> {
         if n <= 0 {
             return Ok(0);

@@ -33,6 +33,10 @@ impl KvCache for ListCache {
         Some(&mut self.parts)
     }
 
+    fn parts(&self) -> Option<&[Box<dyn KvCache>]> {
+        Some(&self.parts)
+    }
+
     fn row_offsets(&self) -> Option<Array> {
         self.parts[0].row_offsets()
     }

@@ -117,6 +117,16 @@ pub trait KvCache {
     fn parts_mut(&mut self) -> Option<&mut [Box<dyn KvCache>]> {
         None
     }
+    fn parts(&self) -> Option<&[Box<dyn KvCache>]> {
+        None
+    }
+    /// A copy of the cache as it is now (arrays shared, not copied), to put back after a forward
+    /// pass of up to `upcoming` positions that may be rejected in part, where a trim could not take
+    /// them back: a recurrent state, a rotating window that will have wrapped. `None` where a
+    /// trim will do, or where the cache cannot be copied.
+    fn checkpoint(&self, _upcoming: i32) -> Option<Box<dyn KvCache>> {
+        None
+    }
     /// The cache as its own type, for a model whose layers keep their own kind of state.
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         None

@@ -8,6 +8,7 @@ use mlx::{Array, Dtype};
 
 const STEP: i32 = 256;
 
+#[derive(Clone)]
 pub struct RotatingCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -203,6 +204,11 @@ impl KvCache for RotatingCache {
 
     fn is_trimmable(&self) -> bool {
         self.offset < self.max_size
+    }
+
+    /// Past its window after `upcoming` more positions, the ring can no longer be trimmed back.
+    fn checkpoint(&self, upcoming: i32) -> Option<Box<dyn KvCache>> {
+        (self.offset.saturating_add(upcoming) >= self.max_size).then(|| Box::new(self.clone()) as Box<dyn KvCache>)
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {

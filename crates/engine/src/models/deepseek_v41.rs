@@ -112,6 +112,7 @@ fn parse(config: &serde_json::Value) -> Result<Config> {
 }
 
 /// One decoder layer's cache (mlx-lm's `LayerCache`): rows are (B, n, dim).
+#[derive(Clone)]
 pub struct LayerCache {
     window_size: i32,
     offset: i32,
@@ -165,6 +166,11 @@ impl KvCache for LayerCache {
 
     fn trim(&mut self, _n: i32) -> Result<i32> {
         Err(EngineError::Invalid("a deepseek_v41 layer cache cannot be trimmed (mlx-lm's cannot either)".into()))
+    }
+
+    /// Speculative decoding puts the whole cache back after a rejection instead.
+    fn checkpoint(&self, _upcoming: i32) -> Option<Box<dyn KvCache>> {
+        Some(Box::new(self.clone()))
     }
 
     fn state(&self) -> Vec<Array> {

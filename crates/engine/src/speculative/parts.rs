@@ -1,8 +1,8 @@
 //! The pieces of a speculative round that are not the generator itself: the logits processors'
 //! token history, mlx-lm's `_step` (one forward pass, the last positions sampled), rewinding the
-//! caches after a rejection (a trim, or recurrent states put back and the kept tokens run again),
+//! caches after a rejection (a trim, or layers that cannot be trimmed back put back and the kept tokens run again),
 //! and prompt lookup's n-gram match.
-use crate::cache::{maybe_quantize_kv_cache, trim_prompt_cache, ArraysCache, KvCache};
+use crate::cache::{maybe_quantize_kv_cache, trim_prompt_cache, KvCache};
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
 use crate::models::Model;
@@ -110,32 +110,56 @@ pub(super) fn step_padded(
     Ok((ops::concatenate(&ys, 0)?, ops::concatenate(&lps, 0)?))
 }
 
-/// Whether speculation can rewind `cache`: every layer trims, or keeps a recurrent state.
+/// Layer caches to put back after a forward pass that may be rejected in part, one per layer
+/// (`None` for a layer a trim rewinds), or `None` when every layer trims.
+pub(super) type Checkpoint = Option<Vec<Option<Box<dyn KvCache>>>>;
+
+/// The [`Checkpoint`] of `cache` before a forward pass of up to `upcoming` positions: the
+/// recurrent states and the rotating windows that will have wrapped.
+pub(super) fn checkpoint(cache: &[Box<dyn KvCache>], upcoming: usize) -> Checkpoint {
+    let layers: Vec<_> = cache.iter().map(|c| c.checkpoint(upcoming as i32)).collect();
+    layers.iter().any(Option::is_some).then_some(layers)
+}
+
+/// Whether a layer cache keeps a rotating window (itself or a part of its cache list): it trims
+/// only until it wraps.
+fn windowed(c: &dyn KvCache) -> bool {
+    c.window().is_some() || c.parts().is_some_and(|parts| parts.iter().any(|p| windowed(p.as_ref())))
+}
+
+/// Whether every layer of `cache` rewinds by a trim at any length (padded verification and
+/// pipelined rounds rewind that way): no recurrent state, no rotating window.
+pub(super) fn trims_only(cache: &[Box<dyn KvCache>]) -> bool {
+    cache.iter().all(|c| c.is_trimmable() && !windowed(c.as_ref()))
+}
+
+/// Whether speculation can rewind `cache`: every layer trims at any length or can be put back.
 pub(super) fn rewindable(cache: &[Box<dyn KvCache>]) -> bool {
     unrewindable(cache).is_none()
 }
 
 /// The class (mlx-lm's name) of the first layer cache speculation cannot rewind, if any.
 pub(super) fn unrewindable(cache: &[Box<dyn KvCache>]) -> Option<&'static str> {
-    let c = cache.iter().find(|c| !(c.is_trimmable() || c.as_arrays().is_some()))?;
+    let c = cache.iter().find(|c| !((c.is_trimmable() && !windowed(c.as_ref())) || c.checkpoint(i32::MAX).is_some()))?;
     Some(c.saved_state().map_or("layer cache", |(class, _)| class))
 }
 
 /// The error for a `whose` cache that speculation cannot rewind.
 pub(super) fn cannot_rewind(whose: &str, cache: &[Box<dyn KvCache>]) -> EngineError {
     EngineError::Invalid(format!(
-        "speculative decoding needs caches it can rewind, and the {whose}'s {} cannot be trimmed (a rotating --max-kv-size cache, or a model whose own cache cannot: DeepSeek-V4.1's)",
+        "speculative decoding needs caches it can rewind, and the {whose}'s {} cannot be trimmed or put back (a cache list with a rotating window)",
         unrewindable(cache).unwrap_or("cache")
     ))
 }
 
 /// Leaves `cache`, which was just fed `fed`, holding only the first `kept` of them: a trim of the
-/// rest, or, with recurrent layers, their states from `before` (taken before `fed`), the other
-/// layers trimmed back as far, and the kept tokens run through `model` again.
+/// rest, or, with layers that cannot be trimmed back (recurrent states, wrapped rotating windows),
+/// those layers from `before` (taken before `fed`), the other layers trimmed back as far, and the
+/// kept tokens run through `model` again.
 pub(super) fn rewind(
     model: &dyn Model,
     cache: &mut [Box<dyn KvCache>],
-    before: Option<Vec<Option<ArraysCache>>>,
+    before: Checkpoint,
     fed: &[u32],
     kept: usize,
     config: &GenerateConfig,
@@ -143,13 +167,17 @@ pub(super) fn rewind(
     if kept >= fed.len() {
         return Ok(());
     }
-    let Some(states) = before else {
+    let Some(layers) = before else {
         trim_prompt_cache(cache, (fed.len() - kept) as i32)?;
         return Ok(());
     };
-    ArraysCache::restore(cache, &states);
-    for c in cache.iter_mut().filter(|c| c.as_arrays().is_none()) {
-        c.trim(fed.len() as i32)?;
+    for (c, before) in cache.iter_mut().zip(layers) {
+        match before {
+            Some(b) => *c = b,
+            None => {
+                c.trim(fed.len() as i32)?;
+            }
+        }
     }
     if kept > 0 {
         let ids: Vec<i32> = fed[..kept].iter().map(|&t| t as i32).collect();

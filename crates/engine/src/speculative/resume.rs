@@ -4,7 +4,7 @@
 //! [`SpeculativeGenerator::resume`] prefills the rest and draws from the sequence's own random
 //! stream; [`SpeculativeGenerator::into_parts`] returns the caches exactly as the handed-out tokens
 //! left them, with the random stream and what the draft model has not seen yet.
-use super::{cannot_rewind, rewindable, SpecToken, SpeculativeConfig, SpeculativeGenerator};
+use super::{cannot_rewind, rewindable, trims_only, SpecToken, SpeculativeConfig, SpeculativeGenerator};
 use crate::cache::{can_trim_prompt_cache, trim_prompt_cache, Caches};
 use crate::error::{EngineError, Result};
 use crate::generate::GenerateConfig;
@@ -38,17 +38,18 @@ pub struct Parts {
     pub queued: Option<(Array, Array)>,
 }
 
-/// Checks that speculation can rewind `model`'s caches at every length (a rotating window, which
-/// stops trimming once it wraps around, is refused up front); `whose` names it in the error
-/// ("model", "draft model").
+/// Checks that the batch engine can speculate on `model` (`whose` names it in the error: "model",
+/// "draft model"): its sequences move between the batch and the generator as plain keys and values
+/// or recurrent states, so every other layer cache must trim at any length (a rotating window,
+/// which stops trimming once it wraps, or a model's own layer cache is refused up front).
 pub fn check_rewindable(model: &dyn Model, whose: &str) -> Result<()> {
-    let mut cache = model.make_cache();
+    let cache = model.make_cache();
     if !rewindable(&cache) {
         return Err(cannot_rewind(whose, &cache));
     }
-    if cache.iter_mut().any(|c| c.window().is_some() || c.parts_mut().is_some_and(|parts| parts.iter().any(|p| p.window().is_some()))) {
+    if !cache.iter().all(|c| c.as_arrays().is_some() || trims_only(std::slice::from_ref(c))) {
         return Err(EngineError::Invalid(format!(
-            "speculative decoding needs caches it can rewind, and the {whose}'s sliding-window layers keep a RotatingKVCache, which cannot be trimmed once it wraps around its window"
+            "speculation in the server needs caches that trim at any length, and the {whose}'s sliding-window layers (a RotatingKVCache, which cannot be trimmed once it wraps around its window) or its own layer caches do not; `mlx-gen generate` speculates on it"
         )));
     }
     Ok(())
