@@ -376,3 +376,28 @@ fn speculation_is_refused_on_several_ranks() {
         assert!(err.contains(&format!("{flag} is served on one rank only")), "{flag}: {err}");
     }
 }
+
+/// With a draft model each sequence keeps the draft's cache beside its own, so `--kv-budget-mb`
+/// counts both models' keys and values per position: a request that the target's cache alone would
+/// fit, but not both, is a 400 `context_length_exceeded`; without the draft model it is served.
+#[test]
+fn the_kv_budget_counts_the_draft_models_cache() {
+    let (model, draft) = (dir("llama3-f32"), dir("llama3-q4g64"));
+    let per = |v: &str| engine::batch::kv_bytes_per_token(LoadedModel::load(&common::model(v)).unwrap().model.as_ref()).unwrap();
+    let (target, both) = (per("llama3-f32"), per("llama3-f32") + per("llama3-q4g64"));
+    let budget = 1 << 20; // --kv-budget-mb 1
+    // Positions reserved: prompt + max_tokens + the cache's growth step of 256.
+    let fits_target = budget / target - 256 - 8;
+    assert!(fits_target + 256 + 8 > budget / both, "the test needs a request the target alone fits but not both");
+    let body = json!({"prompt": "hello", "max_tokens": fits_target, "num_draft_tokens": 2});
+    let flags = ["--kv-budget-mb", "1", "--prefix-cache-mb", "0"];
+    let s = Server::start(&model, &[&flags[..], &["--draft-model", &draft]].concat());
+    let a = s.call("POST", "/v1/completions", Some(&body.to_string()));
+    assert_eq!(a.status, 400, "{}", a.body);
+    let e: Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
+    drop(s);
+    let plain = Server::start(&model, &flags);
+    let big = json!({"prompt": "hello", "max_tokens": fits_target});
+    assert_eq!(plain.call("POST", "/v1/completions", Some(&big.to_string())).status, 200, "the target's cache alone fits");
+}

@@ -261,6 +261,13 @@ impl<'m> Worker<'m> {
             _ => 0,
         };
         let pool = new_pool(loaded, &options);
+        // A sequence keeps its draft model's cache beside its own (it speculates whenever it decodes
+        // alone), so each reserved position costs both models' keys and values.
+        let draft_bytes = match (&speculation, &models.draft) {
+            (Some(_), Some(d)) => engine::batch::kv_bytes_per_token(d.model.as_ref()).unwrap_or(0),
+            _ => 0,
+        };
+        let kv_bytes_per_token = engine::batch::kv_bytes_per_token(loaded.model.as_ref()).unwrap_or(1) + draft_bytes;
         Ok(Worker {
             loaded,
             metrics,
@@ -275,7 +282,7 @@ impl<'m> Worker<'m> {
             init_draws: init_random_draws(&loaded.path, &loaded.config).unwrap_or(0),
             speculation,
             draft_draws,
-            kv_bytes_per_token: engine::batch::kv_bytes_per_token(loaded.model.as_ref()).unwrap_or(1),
+            kv_bytes_per_token,
             choices: HashMap::new(),
             next_id: 0,
             unseeded: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
