@@ -9,7 +9,7 @@
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
 #   gpu_suite.sh serving  issue 20 item 1: server load at 1/8/32 streams vs mlx_lm.server on the Qwen3-0.6B and
 #                       Llama-3.2-3B shapes (2 rounds), mlx-gen with MLX_GEN_TRACE (its stage split kept in
-#                       $OUT/serving-SHAPE.mlx-gen.log), then mlx-gen alone with --prefill-step-size 2048
+#                       $OUT/serving-SHAPE.mlx-gen.log), then (PS2048=1) mlx-gen alone with --prefill-step-size 2048
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
@@ -21,6 +21,11 @@
 #                       prompt and on a random one (the fallback), each against plain decoding in the same bench run
 #   gpu_suite.sh constrained  JSON-schema decoding vs free, CLI and server at 1/8 streams (issue 21); $TOK = a
 #                       folder with Qwen2.5's tokenizer.json + tokenizer_config.json (default /tmp/tok)
+#   gpu_suite.sh stall  issue 20 item 2: 10 rounds of 8 streams (long prompts mixed in), worst vs median round TTFT
+#   gpu_suite.sh memory issue 22 item 4: peak memory of both tools at prompt 4096 (Llama-3.2-3B) and 512 (Qwen3-0.6B),
+#                       then mlx-gen's `bench --memory` breakdown
+#   gpu_suite.sh realspec  issue 19 with the real Qwen2.5-Coder-0.5B-Instruct (bf16 target, its 4-bit draft, from
+#                       $REAL as stage-real-models.sh stages it): vs mlx-lm, a low-acceptance prompt, the server
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -99,6 +104,7 @@ serving)
     env $tuned MLX_GEN_TRACE=1 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
         --max-tokens 128 --rounds 2 --server-log "$out/serving-$s" --out "$out/serving-$s.json"
     grep '^trace:' "$out/serving-$s.mlx-gen.log" | tail -6
+    [ -n "${PS2048:-}" ] || continue
     echo "== $s: mlx-gen --prefill-step-size 2048"
     env $tuned python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
         --max-tokens 128 --rounds 2 --mlx-gen-args "--prefill-step-size 2048" --out "$out/serving-$s-2048.json"
@@ -189,7 +195,7 @@ constrained)
   [ -f "$d/config.json" ] || { python3 bench/make_shape.py qwen3-0.6b "$d" --bits 4 --dtype bfloat16 >/dev/null; cp "${TOK:-/tmp/tok}"/tokenizer*.json "$d/"; }
   echo '{"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}' > /tmp/schema.json
   tps() { python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['generation_tps'],1), d['generation_tokens'])"; }
-  for r in 1 2 3; do
+  for r in ${CLI_ROUNDS-1 2 3}; do
     echo "round $r free:        $(./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json | tps)"
     echo "round $r json schema: $(./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json --json-schema /tmp/schema.json | tps)"
   done
@@ -198,6 +204,46 @@ constrained)
     timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --json-schema /tmp/schema.json --out "$out/serve_schema_$r.json" | tail -4
   done
   ;;
-*) echo "unknown section $section (perf, more, spec, round, serve, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+stall)
+  # Issue 20 item 2's regression on the GPU: 10 rounds of 8 streams (every 4th prompt long, arrivals 50 ms
+  # apart, every round's prompts longer), worst round TTFT against the median round's (target <= 3x).
+  for s in qwen3-0.6b llama-3.2-3b; do
+    echo "== $s: 10 rounds of 8 streams, mlx-gen"
+    timeout 200 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$(shape_dir $s)" \
+        --concurrency 8 --rounds 10 --max-tokens 64 --long-every 4 --long-prompt-words 600 --stagger-ms 50 \
+        --vary-words 5 --out "$out/stall-$s.json" | tail -5
+  done
+  ;;
+memory)
+  # Issue 22 item 4: peak memory of both tools (same MLX settings), mlx-gen's `bench --memory` breakdown, prompt
+  # 4096 on the Llama-3.2-3B shape and 512 on Qwen3-0.6B.
+  for sp in llama-3.2-3b:4096 qwen3-0.6b:512; do
+    s=${sp%%:*}; p=${sp##*:}; d=$(shape_dir $s)
+    for r in ${MEM_ROUNDS:-1 2}; do
+      echo "== $s p$p round $r mlx-gen: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p $p -g 16 -n 2 --json | med)"
+      echo "== $s p$p round $r mlx-lm:  $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p $p -g 16 -n 2 | med)"
+    done
+    MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p $p -g 16 -n 1 --memory 2>&1 | grep -iE "memory|peak|weights|cache|transient" | head -20
+  done
+  ;;
+realspec)
+  # Issue 19 with real weights: Qwen2.5-Coder-0.5B-Instruct (stage-real-models.sh's 4-bit folder, the draft)
+  # dequantized to bfloat16 by mlx_lm.convert -d (the target); the code-editing prompt (high acceptance), then a
+  # free-form one (low acceptance: the never-slower check), then the server with --draft-model at 1 stream.
+  q4=${REAL:-/tmp/real}/qwen2.5-coder-0.5b-instruct
+  [ -f /tmp/qc-bf16/config.json ] || python3 -m mlx_lm convert --hf-path "$q4" -d --mlx-path /tmp/qc-bf16 >/dev/null
+  python3 bench/speculative.py --mlx-gen ./mlx-gen --model /tmp/qc-bf16 --draft "$q4" --num-draft 2,3,4 \
+      --prompt-lookup 3 -g 256 --rounds 3 --out "$out/speculative_real.json"
+  echo "Write a short story about a fox who learns to sail, with dialogue, in the style of a fairy tale." > /tmp/story.txt
+  echo "== free-form prompt"
+  python3 bench/speculative.py --mlx-gen ./mlx-gen --model /tmp/qc-bf16 --draft "$q4" --num-draft 3 \
+      --prompt-lookup 3 -g 256 --rounds 2 --prompt-file /tmp/story.txt --out "$out/speculative_real_story.json"
+  for a in "" "--draft-model $q4 --num-draft-tokens 3"; do
+    echo "== serve /tmp/qc-bf16 $a, 1 stream, 2 rounds"
+    timeout 120 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model /tmp/qc-bf16 \
+        --concurrency 1 --rounds 2 --max-tokens 128 --mlx-gen-args "$a" | tail -3
+  done
+  ;;
+*) echo "unknown section $section (perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"
