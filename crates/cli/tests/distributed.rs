@@ -329,8 +329,8 @@ fn per_rank_peak_memory_is_about_half() {
 }
 
 /// `mlx-gen serve` on 2 ranks (rank 0 serves, rank 1 replays its engine calls) answers as one
-/// process does, greedy and seeded, several requests batched together; SIGTERM to the launcher
-/// ends every rank.
+/// process does, greedy and seeded, several requests batched together, after both ranks warmed up;
+/// SIGTERM to the launcher ends every rank.
 #[test]
 fn serve_on_2_ranks_answers_as_one_process() {
     use std::io::{BufRead, BufReader};
@@ -343,6 +343,8 @@ fn serve_on_2_ranks_answers_as_one_process() {
         }
         let mut child = cmd
             .args(["--device", "cpu", "serve", "--model", m, "--port", "0"])
+            // Both ranks warm up alike (their forward passes' collectives meet) and leave no trace.
+            .args(["--warmup", if launch { "on" } else { "off" }])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -303,3 +303,33 @@ fn a_resent_long_prefix_is_served_from_the_prefix_cache() {
     assert!(hits >= 2.0, "mlxgen_prefix_cache_hits_total {hits}");
     assert_idle(&s);
 }
+
+/// `serve --warmup on` runs the batch engine over dummy sequences before it listens (on the GPU the
+/// first batched shapes compile kernels: issue 20's stall); it leaves nothing behind: the same
+/// requests get the same answers as from a server that skipped it, nothing is running, no KV block
+/// is in use and no request is counted.
+#[test]
+fn a_warmed_up_server_answers_as_one_that_was_not() {
+    let warm = Server::start(&model(), &["--warmup", "on"]);
+    let said = |s: &Server| s.log.lock().expect("log").iter().any(|l| l.contains("batch engine warmed up in"));
+    assert!(said(&warm), "no warm-up reported: {:?}", warm.log.lock().expect("log"));
+    assert_idle(&warm);
+    let m = warm.metrics();
+    assert!(!m.lines().any(|l| l.starts_with("mlxgen_requests_total") && !l.ends_with(" 0")), "the warm-up counted as requests:\n{m}");
+    let cold = Server::start(&model(), &["--warmup", "off"]);
+    assert!(!said(&cold), "--warmup off warmed up");
+    let requests: Vec<(&str, Value)> = (0..6).map(request).collect();
+    let together = |s: &Server| -> Vec<Streamed> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = requests.iter().map(|(path, body)| scope.spawn(move || stream(s, path, body))).collect();
+            handles.into_iter().map(|h| h.join().expect("client thread")).collect()
+        })
+    };
+    let (a, b) = (together(&warm), together(&cold));
+    for i in 0..requests.len() {
+        if let Err(e) = a[i].same_as(&b[i]) {
+            panic!("request {i} differs after the warm-up: {e}");
+        }
+    }
+    assert_idle(&warm);
+}

@@ -10,6 +10,7 @@ use engine::batch::{BatchEngine, SeqParams, Speculation};
 use engine::cache::PagedPool;
 use engine::sample::{key_seq_as_mlx_lm, KeySeq};
 use engine::{LoadedModel, SamplerConfig};
+
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -26,6 +27,8 @@ pub struct BatchOptions {
     pub prefix_cache_bytes: usize,
     /// Speculative decoding of a sequence decoding alone (one rank only).
     pub speculation: Option<SpecOptions>,
+    /// Run [`warm_up`] before serving (`serve --warmup`: on the GPU by default).
+    pub warm_up: bool,
 }
 
 /// `serve --draft-model` or `--prompt-lookup`: who drafts, and the rounds' settings (its
@@ -97,4 +100,63 @@ pub fn new_engine<'m>(loaded: &'m LoadedModel, options: &BatchOptions, pool: Opt
 pub fn new_pool(loaded: &LoadedModel, options: &BatchOptions) -> Option<PagedPool> {
     let layers = loaded.model.make_cache().len();
     (options.prefix_cache_bytes > 0).then(|| PagedPool::new(layers, BLOCK, options.prefix_cache_bytes))
+}
+
+/// Prompt lengths of the warm-up's batch: rows of different lengths (padded groups), one past the
+/// batch caches' growth step of 256 positions, several chunks of a step's prefill budget.
+const WARM_UP_PROMPTS: [usize; 8] = [12, 300, 20, 40, 70, 16, 100, 30];
+
+/// Runs the batch engine once over dummy sequences before the first request, in an engine of its
+/// own (no prefix pool), greedy: one sequence alone, then up to 8 rows of different lengths
+/// prefilled as a group, decoding with rows leaving one after another and two newcomers joining
+/// the running batch. On a GPU the first use of each kind of batched shape compiles kernels
+/// (on the H200 a fresh machine's first 8-stream round waited 42 s in its prefill); this pays that
+/// before a user's request does. Deterministic, so that every rank runs it alike (the forward
+/// passes' collectives meet). Returns how long it took.
+pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions) -> Result<std::time::Duration> {
+    let started = std::time::Instant::now();
+    let mut engine = new_engine(loaded, options, None, None);
+    let vocab = (loaded.model.vocab_size().max(2) as u64).min(1 << 20);
+    let prompt = |id: u64, len: usize| -> Vec<u32> { (0..len as u64).map(|j| ((id * 7919 + j * 104_729 + 1) % (vocab - 1) + 1) as u32).collect() };
+    let params = || SeqParams { sampler: engine::SamplerConfig::default(), keys: None, logprobs: false };
+    let rows = options.max_batch.clamp(1, WARM_UP_PROMPTS.len());
+    // (id, tokens it decodes before it is finished)
+    let mut wanted: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let add = |engine: &mut BatchEngine<'_>, wanted: &mut std::collections::HashMap<u64, usize>, id: u64, len: usize, tokens: usize| -> Result<()> {
+        engine.add(id, prompt(id, len), params())?;
+        wanted.insert(id, tokens);
+        Ok(())
+    };
+    add(&mut engine, &mut wanted, 0, 24, 3)?;
+    let mut steps = 0usize;
+    let mut next = 1u64;
+    let mut joined = false;
+    while !engine.is_idle() || next == 1 {
+        if next == 1 && engine.is_idle() {
+            for (i, &len) in WARM_UP_PROMPTS.iter().take(rows).enumerate() {
+                add(&mut engine, &mut wanted, next, len, 2 + i)?;
+                next += 1;
+            }
+        }
+        for t in engine.step()? {
+            let left = wanted.get_mut(&t.id).ok_or_else(|| anyhow::anyhow!("warm-up: a token of an unknown sequence {}", t.id))?;
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                engine.finish(t.id);
+            }
+        }
+        steps += 1;
+        // Two newcomers join the batch while its first rows decode.
+        if !joined && next > 1 && engine.len().0 > 0 && rows > 1 {
+            joined = true;
+            for len in [9, 50] {
+                add(&mut engine, &mut wanted, next, len, 3)?;
+                next += 1;
+            }
+        }
+        if steps > 10_000 {
+            anyhow::bail!("warm-up: the batch engine did not finish its dummy sequences");
+        }
+    }
+    Ok(started.elapsed())
 }

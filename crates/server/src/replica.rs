@@ -3,7 +3,7 @@
 //! calls (sequences added and ended, then one step; see [`crate::lockstep`]) so that all ranks run
 //! the same forward passes and meet at the same collectives.
 use crate::constrain::{compile, Constraints};
-use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, Share};
+use crate::lockstep::{new_engine, new_pool, warm_up, BatchOptions, Call, Share};
 use anyhow::{Context, Result};
 use engine::sample::init_random_draws;
 use engine::LoadedModel;
@@ -16,6 +16,10 @@ pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Resul
     let init_draws = init_random_draws(&loaded.path, &loaded.config).unwrap_or(0);
     // Rank 0 measures the KV bytes per token with a forward pass: the same here.
     engine::batch::kv_bytes_per_token(loaded.model.as_ref())?;
+    // Rank 0 warms its engine up before serving: the same forward passes here.
+    if options.warm_up {
+        warm_up(&loaded, &options)?;
+    }
     let pool = new_pool(&loaded, &options);
     let mut engine = new_engine(&loaded, &options, pool.clone(), None);
     let mut constraints: Option<Result<Constraints, String>> = None;

@@ -22,7 +22,7 @@ use crate::outbox::Outbox;
 use crate::constrain::{compile, Constraints};
 use crate::tools::ToolFormat;
 use crate::metrics::Metrics;
-use crate::lockstep::{new_engine, new_pool, BatchOptions, Call, SeqSpec, Share, SpecDrafter, SpecOptions, BLOCK};
+use crate::lockstep::{new_engine, new_pool, warm_up, BatchOptions, Call, SeqSpec, Share, SpecDrafter, SpecOptions, BLOCK};
 use crate::Models;
 use engine::batch::{BatchEngine, Drafter, SeqSpeculation, Speculation, StepToken};
 use engine::cache::PagedPool;
@@ -149,6 +149,15 @@ pub fn spawn(
                 return;
             }
         };
+        if worker.options.warm_up {
+            match warm_up(&models.model, &worker.options) {
+                Ok(t) => eprintln!("mlx-gen: batch engine warmed up in {:.2} s", t.as_secs_f64()),
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.context("the warm-up before serving failed (serve --warmup off skips it)")));
+                    return;
+                }
+            }
+        }
         let _ = ready_tx.send(Ok(Preparer::new(&models.model)));
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&jobs, &stopping))) {
             Ok(()) => {

@@ -27,6 +27,11 @@ pub struct Args {
     /// Requests waiting for a place in the batch at most; more get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Run the batch engine once over dummy sequences before serving, so that the first requests
+    /// do not pay the GPU's first-use kernel compiles: auto = on the GPU only (on the CPU there is
+    /// nothing to compile and it would cost seconds).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    warmup: String,
     /// Prompt tokens prefilled per step between decode steps of the running batch.
     #[arg(long, default_value_t = 512)]
     prefill_step_size: usize,
@@ -85,6 +90,11 @@ pub fn run(args: Args) -> Result<()> {
         kv_budget_bytes: args.kv_budget_mb << 20,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
         speculation,
+        warm_up: match args.warmup.as_str() {
+            "on" => true,
+            "off" => false,
+            _ => mlx::runtime::default_device() == mlx::runtime::Device::Gpu,
+        },
     };
     // On several ranks rank 0 serves and the others replay its engine calls.
     let share: Option<server::lockstep::Share> =

@@ -20,6 +20,8 @@ pub struct Server {
     pub model: String,
     pub agent: ureq::Agent,
     pub key: Option<String>,
+    /// Every line the server wrote to stderr so far.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Server {
@@ -57,8 +59,13 @@ impl Server {
             .expect("spawn mlx-gen serve");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut l) = kept.lock() {
+                    l.push(line.clone());
+                }
                 if let Some(at) = line.find("http://") {
                     let _ = tx.send(line[at..].split_whitespace().next().unwrap_or("").to_owned());
                 }
@@ -73,7 +80,7 @@ impl Server {
         assert!(addr.starts_with("127.0.0.1:"), "{base}");
         let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(120)).build();
         let key = extra.iter().position(|a| *a == "--api-key").map(|i| extra[i + 1].to_owned());
-        Server { child, base, addr, model: model.to_owned(), agent, key }
+        Server { child, base, addr, model: model.to_owned(), agent, key, log }
     }
 
     /// Sends a request with the server's key (if any); any status comes back as an `Answer`.
