@@ -26,6 +26,8 @@
 #                       then mlx-gen's `bench --memory` breakdown
 #   gpu_suite.sh realspec  issue 19 with the real Qwen2.5-Coder-0.5B-Instruct (bf16 target, its 4-bit draft, from
 #                       $REAL as stage-real-models.sh stages it): vs mlx-lm, a low-acceptance prompt, the server
+#   gpu_suite.sh next   what was built after the fifth lease: serve's warm-up on a fresh machine, async prefill
+#                       chunks, MLX_GEN_KEY_BUCKET on speculative rounds and 32 streams (run first on a fresh machine)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -244,6 +246,28 @@ realspec)
         --concurrency 1 --rounds 2 --max-tokens 128 --mlx-gen-args "$a" | tail -3
   done
   ;;
-*) echo "unknown section $section (perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+next)
+  # The checks of what was built after the fifth lease (CPU-tested only), in one call on a FRESH machine (run it
+  # first): the warm-up (the first 8-stream round's TTFT with `serve --warmup auto`, the default, against the 42.8 s
+  # stall of the fifth lease), the async prefill chunks and pool stores (32 streams vs the fifth lease's 1,034 /
+  # 441.8 tok/s), the key bucket of the composed attention (MLX_GEN_KEY_BUCKET=256 vs off: speculative rounds and
+  # the server at 32 streams).
+  d06=$(shape_dir qwen3-0.6b); d3=$(shape_dir llama-3.2-3b)
+  for s in "$d06" "$d3"; do
+    echo "== $(basename "$s"): mlx-gen serve (warm-up on), 1/8/32 streams, 128 tokens, 2 rounds"
+    MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$s" \
+        --concurrency 1,8,32 --max-tokens 128 --rounds 2 --server-log "$out/next-$(basename "$s")" | tail -12
+    grep -E "warmed up" "$out/next-$(basename "$s").mlx-gen.log"
+    echo "== the same, MLX_GEN_KEY_BUCKET=256"
+    MLX_GEN_KEY_BUCKET=256 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$s" \
+        --concurrency 1,8,32 --max-tokens 128 --rounds 2 | tail -4
+  done
+  b() { ./mlx-gen bench -n 3 "$@" 2>&1 | grep -E "^(Averages|Speculative)"; }
+  for kb in 0 256; do
+    echo "== llama-3.2-3b drafting for itself, K=4, every round speculative, MLX_GEN_KEY_BUCKET=$kb"
+    MLX_GEN_KEY_BUCKET=$kb b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  done
+  ;;
+*) echo "unknown section $section (next, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

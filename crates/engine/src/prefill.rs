@@ -2,8 +2,8 @@
 //! the last runs through the model in chunks of at most `prefill_step_size`; after each chunk the
 //! caches are quantized if `--kv-bits` asks, evaluated, and MLX's buffer cache is cleared. The last
 //! position is left to the caller, whose forward pass over it gives the first token's logits.
-//! Used by the generator, speculative decoding (target and draft), the batch engine's newcomers
-//! and `bench`'s batched trial.
+//! Used by the generator, speculative decoding (target and draft) and `bench`'s batched trial;
+//! the batch engine's newcomers queue their chunks without waiting ([`queue_chunk`]).
 use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
@@ -12,13 +12,30 @@ use mlx::Array;
 /// One prefill forward pass of `chunk` (B, n) into `cache`: quantized when `kv_quant` says so,
 /// evaluated, then MLX's buffer cache cleared (as mlx-lm after each chunk).
 pub fn prefill_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &Array, kv_quant: Option<&KvQuantConfig>) -> Result<()> {
-    model.forward(chunk, cache)?;
+    // MLX's own attention, as mlx-lm's prefill (see nn::sdpa::with_fused_attention).
+    crate::nn::sdpa::with_fused_attention(|| model.forward(chunk, cache))?;
     maybe_quantize_kv_cache(cache, kv_quant)?;
     let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
     mlx::eval(&state.iter().collect::<Vec<_>>())?;
     mlx::runtime::clear_cache();
     Ok(())
 }
+
+/// [`prefill_chunk`] for the batch engine's groups of newcomers: the caches are queued
+/// (`async_eval`), not waited for, so that the device runs the chunk while the host builds the next
+/// step, and MLX's buffer cache is left alone (the engine clears it every
+/// [`BATCH_CLEAR_POSITIONS`] positions: after each of a server's small chunks, as mlx-lm clears,
+/// the GPU allocated every buffer of the next chunk again).
+pub fn queue_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &Array, kv_quant: Option<&KvQuantConfig>) -> Result<()> {
+    model.forward(chunk, cache)?;
+    maybe_quantize_kv_cache(cache, kv_quant)?;
+    let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
+    mlx::async_eval(&state.iter().collect::<Vec<_>>())?;
+    Ok(())
+}
+
+/// Prompt positions the batch engine prefills between two clearings of MLX's buffer cache.
+pub const BATCH_CLEAR_POSITIONS: usize = 2048;
 
 /// Prefills every position of `prompt` (B, L) but the last into `cache`, in chunks of at most
 /// `step` positions; `each` sees each chunk (B, n) after it ran (the token history of the logits

@@ -96,6 +96,8 @@ pub struct BatchEngine<'m> {
     pending: Option<Pending>,
     leaving: Vec<u64>,
     steps: usize,
+    /// Prompt positions prefilled since MLX's buffer cache was last cleared.
+    prefilled_since_clear: usize,
     /// `MLX_GEN_TRACE`: the steps' time by stage.
     trace: Option<StepTrace>,
     /// Speculative decoding of a sequence alone, and the sequence decoding so now.
@@ -128,6 +130,7 @@ impl<'m> BatchEngine<'m> {
             pending: None,
             leaving: Vec::new(),
             steps: 0,
+            prefilled_since_clear: 0,
             trace: StepTrace::from_env(),
             speculation: None,
             solo: None,
@@ -380,6 +383,11 @@ impl<'m> BatchEngine<'m> {
             let mut ctx = Ctx { model: self.model, states: self.states.as_mut(), prefix: self.prefix.as_ref().filter(|_| self.batchable), trace: &mut self.trace };
             let (spent, done) = group.advance(&mut ctx, budget, self.prefill_step_size)?;
             budget = budget.saturating_sub(spent);
+            self.prefilled_since_clear += spent;
+            if self.prefilled_since_clear >= crate::prefill::BATCH_CLEAR_POSITIONS {
+                self.prefilled_since_clear = 0;
+                mlx::runtime::clear_cache();
+            }
             if let Some(done) = done {
                 self.group = None;
                 if !done.rows.is_empty() {

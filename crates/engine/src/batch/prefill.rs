@@ -1,7 +1,7 @@
 //! Newcomers' prefill for the batch engine, as mlx-lm's `PromptProcessingBatch`: the waiting
 //! sequences are taken in arrival order into a group whose padded prompt positions fit the step's
 //! budget, and the group runs through the model together, one forward per chunk of columns
-//! (`prefill::prefill_chunk`). Each row starts from its cached prefix (rows right-aligned,
+//! (`prefill::queue_chunk`). Each row starts from its cached prefix (rows right-aligned,
 //! `BatchCache::merge`) and its remaining prompt is right-padded, so that its real positions never
 //! see a padded one (causality hides the padding after them); once the prompts are in, each row
 //! moves right by its padding (`BatchCache::roll_right`), its last prompt position runs, and its
@@ -16,7 +16,7 @@ use super::{filled, history_of, sample_rows, Pending, Row, SeqParams};
 use crate::cache::{BatchCache, KvCache, PagedPool, StatePrefixCache, StoredSeq};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
-use crate::prefill::prefill_chunk;
+use crate::prefill::queue_chunk;
 use crate::sample::constraint::TokenConstraint;
 use mlx::{async_eval, Array};
 use std::collections::VecDeque;
@@ -172,7 +172,7 @@ impl Group {
                 let rest = self.members[f].rest();
                 ids.extend((self.col..self.col + n).map(|c| rest.get(c).map_or(0, |&t| t as i32)));
             }
-            prefill_chunk(ctx.model, &mut self.cache, &Array::from_slice(&ids, &[rows as i32, n as i32])?, None)?; // (rows, n)
+            queue_chunk(ctx.model, &mut self.cache, &Array::from_slice(&ids, &[rows as i32, n as i32])?, None)?; // (rows, n)
             super::note_prefill(ctx.trace, rows * n);
             self.col += n;
             if let Some(states) = ctx.states.as_deref_mut().filter(|s| (done + n).is_multiple_of(s.block_size())) {

@@ -9,8 +9,8 @@
 //! positions we therefore compute what MLX's own fallback computes (scaled q kᵀ, the mask,
 //! a precise softmax, times v), whose kernels need no per-shape preparation; also for one position
 //! with an array mask (a continuous batch's padded rows), which MLX would send to cuDNN too. One
-//! position without a mask (single-stream decode) and the CPU keep MLX's fused kernel, so CPU
-//! results stay bit-identical to mlx-lm's.
+//! position without a mask (single-stream decode), a single sequence's prompt prefill
+//! ([`with_fused_attention`]) and the CPU keep MLX's fused kernels, so their results are mlx-lm's.
 use crate::error::Result;
 use mlx::fast::{self, Mask};
 use mlx::{ops, Array, Dtype};
@@ -28,9 +28,26 @@ pub fn composed_max() -> i32 {
     COMPOSED_MAX.load(Ordering::Relaxed)
 }
 
+thread_local! {
+    /// Inside [`with_fused_attention`]: MLX's own kernels whatever `composed_max` says.
+    static FUSED_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every attention through MLX's `scaled_dot_product_attention`, as mlx-lm computes
+/// it: a single sequence's prompt prefill (one shape per prompt, so no graph build per call to
+/// avoid), whose short prompts would otherwise take the composed path and so part from mlx-lm's
+/// GPU tokens by a bf16 rounding now and then.
+pub fn with_fused_attention<T>(f: impl FnOnce() -> T) -> T {
+    let before = FUSED_ONLY.with(|c| c.replace(true));
+    let out = f();
+    FUSED_ONLY.with(|c| c.set(before));
+    out
+}
+
 /// softmax(q kᵀ · scale + mask) v for q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
-    let (l, max) = (q.dim(2), composed_max());
+    let max = if FUSED_ONLY.with(std::cell::Cell::get) { 0 } else { composed_max() };
+    let l = q.dim(2);
     // One position with an array mask (a batch of rows of different lengths) would also go to
     // cuDNN, with a graph per cache length, i.e. per step; one position without one takes MLX's
     // vector kernel, which needs nothing per shape.
@@ -44,12 +61,55 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Resu
     composed_attention(q, k, v, scale, mask)
 }
 
-/// MLX's fallback attention (no sinks), operation for operation.
+/// Key positions the composed attention pads its keys to a multiple of (0: no padding), from
+/// `MLX_GEN_KEY_BUCKET` (off until measured on the GPU). MLX's CUDA matmul builds a cuBLAS plan per
+/// call and its CUDA graphs are keyed by the kernels they hold, so attention over a cache one
+/// position longer each call (a verification per round, a batch's decode step) meets a new shape
+/// every time; padded keys (zeros, masked out) keep the shape for a whole bucket.
+fn key_bucket() -> i32 {
+    static BUCKET: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *BUCKET.get_or_init(|| std::env::var("MLX_GEN_KEY_BUCKET").ok().and_then(|v| v.parse().ok()).filter(|&n: &i32| n > 1).unwrap_or(0))
+}
+
+/// MLX's fallback attention (no sinks), operation for operation; with [`key_bucket`], over keys
+/// padded to the bucket.
 fn composed_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
+    composed_attention_in(q, k, v, scale, mask, key_bucket())
+}
+
+fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>, bucket: i32) -> Result<Array> {
     let (b, hq, hkv, s, l) = (q.dim(0), q.dim(1), k.dim(1), k.dim(2), q.dim(2));
     let rep = hq / hkv;
     let mut q = q.mul(&Array::scalar(f64::from(scale), q.dtype())?)?;
     let (mut k, mut v) = (k.clone(), v.clone());
+    // Keys (and values) padded with zeros to the bucket: (B, Hkv, S + pad, D); the padded columns
+    // are masked below.
+    let pad = if bucket > 1 { (s + bucket - 1) / bucket * bucket - s } else { 0 };
+    let padded_mask;
+    let mask = if pad > 0 {
+        k = k.pad(&[(0, 0), (0, 0), (0, pad), (0, 0)], 0.0)?;
+        v = v.pad(&[(0, 0), (0, 0), (0, pad), (0, 0)], 0.0)?;
+        let widths = |m: &Array| -> Vec<(i32, i32)> { (0..m.ndim()).map(|i| if i + 1 == m.ndim() { (0, pad) } else { (0, 0) }).collect() };
+        match mask {
+            // Causal: query i sees keys up to s - l + i, so the padded keys are masked already.
+            Mask::Causal => Mask::Causal,
+            Mask::None => {
+                padded_mask = ops::arange(0.0, f64::from(s + pad), 1.0, Dtype::I32)?.lt_scalar(f64::from(s))?; // (S + pad,)
+                Mask::Array(&padded_mask)
+            }
+            Mask::Array(m) if m.dtype() == Dtype::Bool => {
+                padded_mask = m.pad(&widths(m), 0.0)?;
+                Mask::Array(&padded_mask)
+            }
+            Mask::Array(m) => {
+                padded_mask = m.pad(&widths(m), m.dtype().finfo_min())?;
+                Mask::Array(&padded_mask)
+            }
+        }
+    } else {
+        mask
+    };
+    let (real, s) = (s, s + pad);
     if rep > 1 {
         q = q.reshape(&[b, hkv, rep, l, -1])?; // (B, Hkv, rep, L, D)
         k = k.expand_dims(&[2])?;
@@ -73,7 +133,8 @@ fn composed_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_
     match mask {
         Mask::None => {}
         Mask::Causal => {
-            let qi = ops::arange(f64::from(s - l), f64::from(s), 1.0, Dtype::I32)?.expand_dims(&[1])?;
+            // Query i sees the keys up to real - l + i (never a padded one).
+            let qi = ops::arange(f64::from(real - l), f64::from(real), 1.0, Dtype::I32)?.expand_dims(&[1])?;
             let ki = ops::arange(0.0, f64::from(s), 1.0, Dtype::I32)?.expand_dims(&[0])?;
             scores = ops::where_(&qi.ge(&ki)?, &scores, &min)?;
         }
@@ -101,11 +162,14 @@ mod tests {
             let add_mask = rand(&[1, hq, l, s], 5);
             for mask in [Mask::None, Mask::Causal, Mask::Array(&bool_mask), Mask::Array(&add_mask)] {
                 let want = fast::sdpa(&q, &k, &v, 0.25, mask.clone()).unwrap().to_vec::<f32>().unwrap();
-                let got = composed_attention(&q, &k, &v, 0.25, mask.clone()).unwrap();
-                assert_eq!(got.shape(), vec![2, hq, l, 8]);
-                let got = got.to_vec::<f32>().unwrap();
-                let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                assert!(diff < 1e-6, "hq {hq} hkv {hkv} l {l} s {s} {mask:?}: max diff {diff}");
+                // Unpadded, and with the keys padded to buckets of 4 and 16 positions.
+                for bucket in [0, 4, 16] {
+                    let got = composed_attention_in(&q, &k, &v, 0.25, mask.clone(), bucket).unwrap();
+                    assert_eq!(got.shape(), vec![2, hq, l, 8]);
+                    let got = got.to_vec::<f32>().unwrap();
+                    let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(diff < 1e-6, "hq {hq} hkv {hkv} l {l} s {s} {mask:?} bucket {bucket}: max diff {diff}");
+                }
             }
         }
     }

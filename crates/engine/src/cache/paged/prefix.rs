@@ -31,12 +31,13 @@ impl PagedPool {
 
     /// Writes the keys and values of the positions of `tokens` ((1, kv_heads, tokens.len(), D) per
     /// layer) into the pool, sharing the blocks already cached for the same prefix, and leaves them
-    /// cached. Evaluates the pool's storage so that no graph builds up.
+    /// cached. Queues the pool's storage for evaluation (no graph builds up, no wait).
     pub fn store(&self, tokens: &[u32], kv: &[(Array, Array)]) -> Result<()> {
         self.store_all(&[(tokens, kv)])
     }
 
-    /// [`PagedPool::store`] of several sequences, the pool's storage evaluated once; one that
+    /// [`PagedPool::store`] of several sequences, the pool's storage queued once (`async_eval`: a
+    /// server's departing rows do not wait for the device mid-step); one that
     /// cannot be stored (a full pool) does not keep the others out (the first error is returned).
     pub fn store_all(&self, seqs: &[StoredSeq<'_>]) -> Result<()> {
         let mut first_error = None;
@@ -52,7 +53,7 @@ impl PagedPool {
             }
         }
         let all: Vec<Array> = self.lock().layers.iter().flatten().flat_map(|(k, v)| [k.clone(), v.clone()]).collect();
-        mlx::eval(&all.iter().collect::<Vec<_>>())?;
+        mlx::async_eval(&all.iter().collect::<Vec<_>>())?;
         first_error.map_or(Ok(()), Err)
     }
 }
