@@ -268,3 +268,24 @@ fn gguf_sources_convert_and_truncated_ones_fail_cleanly() {
     let names: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
     assert!(names.iter().all(|n| !n.to_string_lossy().starts_with('.')), "temporary folders left: {names:?}");
 }
+
+/// `-d` (mlx_lm.convert's `--dequantize`): a 4-bit folder, one with per-layer bit widths and a
+/// mixture of experts with its 8-bit router back to floats, tensor for tensor what mlx-lm writes.
+#[test]
+fn dequantize_equals_mlx_lm() {
+    case("llama3-q4g64-dequantized", "llama3-q4g64", &["-d"]);
+    case("qwen3-mixed-dequantized", "qwen3-mixed-custom", &["-d", "--dtype", "float32"]);
+    case_from("qwen3moe-q4g32-dequantized", &common::moe_model("qwen3moe-q4g32"), &["-d"]);
+}
+
+#[test]
+fn dequantize_misuse_is_a_one_line_error() {
+    let dir = work("bad-dequantize");
+    let dst = dir.join("out");
+    let dst = dst.to_str().unwrap();
+    let (quantized, float) = (common::model("llama3-q4g64"), common::model("llama3-f32"));
+    let run = |src: &Path, flags: &[&str]| ours_convert(&[&["--model", src.to_str().unwrap(), "--mlx-path", dst][..], flags].concat());
+    one_error_line(&run(&quantized, &["-q", "-d"]), "choose either -q (quantize) or -d (dequantize), not both");
+    one_error_line(&run(&float, &["-d"]), "is not quantized");
+    assert!(!dir.join("out").exists());
+}

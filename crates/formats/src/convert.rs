@@ -27,6 +27,8 @@ pub struct ConvertOptions {
     pub quant_predicate: Option<MixedRecipe>,
     /// `--dtype`; `None`: config.json's `torch_dtype` when it is one of the three float types.
     pub dtype: Option<Dtype>,
+    /// `-d`: an MLX-quantized folder back to floats (mlx-lm's `dequantize_model`).
+    pub dequantize: bool,
 }
 
 impl Default for ConvertOptions {
@@ -38,6 +40,7 @@ impl Default for ConvertOptions {
             q_mode: QuantMode::Affine,
             quant_predicate: None,
             dtype: None,
+            dequantize: false,
         }
     }
 }
@@ -178,6 +181,9 @@ pub fn convert_gguf(gguf: &Path, out: &Path, opts: &ConvertOptions) -> Result<()
     if spec.mode != QuantMode::Affine || opts.quant_predicate.is_some() {
         return Err(FormatError::Invalid("a GGUF source is requantized in the affine mode only (no --q-mode, --quant-predicate)".into()));
     }
+    if opts.dequantize {
+        return Err(FormatError::Invalid("-d dequantizes MLX-quantized folders; a GGUF source is imported with its tensors as floats by --dtype (without -q)".into()));
+    }
     let import = ImportOptions { dtype, q_bits: spec.bits, q_group_size: spec.group_size };
     import_gguf(gguf, out, &import)?;
     Ok(())
@@ -231,6 +237,52 @@ fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dt
     named.and_then(|n| matches!(n.as_str(), "float16" | "bfloat16" | "float32").then(|| Dtype::parse_float(&n)).flatten())
 }
 
+/// mlx-lm's `dequantize_model` over the (already cast) tensors: every `{layer}.weight` that has
+/// `{layer}.scales` becomes `mx.dequantize(weight, scales, biases)` with the layer's parameters
+/// (`quantization[layer]`, else the top level's); returns the names it dequantized.
+fn dequantize_all(
+    weights: &mut BTreeMap<String, Array>,
+    q: &Value,
+    cast: &dyn Fn(&str, Array) -> Result<Array>,
+) -> Result<std::collections::HashSet<String>> {
+    let spec = |v: &Value, what: &str| -> Result<QuantSpec> {
+        let mode = match v.get("mode").and_then(Value::as_str) {
+            None => QuantMode::Affine,
+            Some(m) => QuantMode::parse(m).ok_or_else(|| FormatError::Invalid(format!("quantization {what}: unknown mode {m:?}")))?,
+        };
+        let d = mode.defaults();
+        let num = |k: &str, or: i32| v.get(k).and_then(Value::as_i64).map_or(or, |n| n as i32);
+        Ok(QuantSpec { group_size: num("group_size", d.group_size), bits: num("bits", d.bits), mode })
+    };
+    let default = spec(q, "(top level)")?;
+    let layers: Vec<String> =
+        weights.keys().filter_map(|n| n.strip_suffix(".scales")).filter(|l| weights.contains_key(&format!("{l}.weight"))).map(str::to_owned).collect();
+    let mut done = std::collections::HashSet::new();
+    for layer in layers {
+        let own = match q.get(&layer) {
+            Some(v @ Value::Object(_)) => spec(v, &layer)?,
+            _ => default,
+        };
+        let (wn, sn, bn) = (format!("{layer}.weight"), format!("{layer}.scales"), format!("{layer}.biases"));
+        let scales = weights.remove(&sn).map(|s| cast(&sn, s)).transpose()?.ok_or_else(|| FormatError::Invalid(format!("{sn} is missing")))?;
+        let biases = weights.remove(&bn).map(|b| cast(&bn, b)).transpose()?;
+        if own.mode.has_biases() != biases.is_some() {
+            return Err(FormatError::Invalid(format!(
+                "{layer}: {} quantization {} biases, but the folder {}",
+                own.mode,
+                if own.mode.has_biases() { "has" } else { "has no" },
+                if biases.is_some() { "has them" } else { "has none" }
+            )));
+        }
+        let w = weights.remove(&wn).ok_or_else(|| FormatError::Invalid(format!("{wn} is missing")))?;
+        let f = mlx::ops::dequantize(&w, &scales, biases.as_ref(), own)?;
+        f.eval()?;
+        weights.insert(wn.clone(), f);
+        done.insert(wn);
+    }
+    Ok(done)
+}
+
 /// Converts the Hugging Face model folder `src` into the (new, empty) folder `out` (`rules`: the
 /// architecture's `sanitize` and config updates), calling `progress(done, total)` after each tensor.
 pub fn convert_folder(
@@ -243,14 +295,44 @@ pub fn convert_folder(
     let spec = opts.spec()?;
     let mut config = load_config(src)?;
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("").to_owned();
+    if opts.quantize && opts.dequantize {
+        return Err(FormatError::Invalid("choose either -q (quantize) or -d (dequantize), not both".into()));
+    }
     if opts.quantize && config.contains_key("quantization") {
         return Err(FormatError::Invalid(format!("{} is already quantized", src.display())));
     }
+    let quantization = match (opts.dequantize, config.get("quantization").or_else(|| config.get("quantization_config"))) {
+        (false, _) => None,
+        (true, None) => return Err(FormatError::Invalid(format!("{} is not quantized (config.json has no `quantization`): nothing to dequantize", src.display()))),
+        (true, Some(q)) if q.get("quant_method").is_some() => {
+            return Err(FormatError::Invalid(format!(
+                "-d dequantizes MLX-quantized folders; {} has a Hugging Face quantization_config (quant_method {})",
+                src.display(),
+                q["quant_method"]
+            )))
+        }
+        (true, Some(q)) => Some(q.clone()),
+    };
     // The files an index names, or every model*.safetensors; each checked before it is read.
     let mut weights: BTreeMap<String, Array> = checkpoint::Weights::load_dir(src)?.into_map().into_iter().collect();
     rules.sanitize(&model_type, &config, &mut weights).map_err(FormatError::Invalid)?;
     rules.update_config(&model_type, &mut config);
     let dtype = target_dtype(opts, &config);
+    // mlx-lm casts the float parameters (scales and biases too), then dequantizes.
+    let cast = |name: &str, w: Array| -> Result<Array> {
+        Ok(match dtype {
+            Some(d) if w.dtype().is_float() && !rules.keeps_dtype(&model_type, name) => w.astype(d)?,
+            _ => w,
+        })
+    };
+    let dequantized = match &quantization {
+        Some(q) => {
+            config.remove("quantization");
+            config.remove("quantization_config");
+            dequantize_all(&mut weights, q, &cast)?
+        }
+        None => std::collections::HashSet::new(),
+    };
     let recipe = opts
         .quant_predicate
         .map(|r| MixedPredicate::new(r, weights.keys().filter_map(|n| n.strip_suffix(".weight")), &config))
@@ -271,10 +353,7 @@ pub fn convert_folder(
     let mut parameters = 0usize;
     let mut overrides = Map::new();
     for (i, (name, w)) in std::mem::take(&mut weights).into_iter().enumerate() {
-        let w = match dtype {
-            Some(d) if w.dtype().is_float() && !rules.keeps_dtype(&model_type, &name) => w.astype(d)?,
-            _ => w,
-        };
+        let w = if dequantized.contains(&name) { w } else { cast(&name, w)? };
         // nn.quantize: Linear and Embedding layers (the 2-D `.weight`s of these architectures),
         // the experts' SwitchLinear (3-D `.experts.`, llama4) and MLA's MultiLinear (3-D); the
         // model's quant_predicate may give a layer its own parameters, recorded in the config.

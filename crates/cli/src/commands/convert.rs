@@ -1,6 +1,6 @@
 //! `mlx-gen convert`: a Hugging Face float model (folder or repo id) or a GGUF file to an MLX model
 //! folder, as `mlx_lm.convert` does it (`-q`, `--q-bits`, `--q-group-size`, `--q-mode`,
-//! `--quant-predicate`, `--dtype`).
+//! `--quant-predicate`, `--dtype`, `-d`).
 use anyhow::{bail, Context, Result};
 use formats::convert::{convert_folder, convert_gguf, write_atomically, ConvertOptions, ModelRules};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -35,6 +35,9 @@ pub struct Args {
     /// Type of the float parameters (default: config.json's torch_dtype).
     #[arg(long, value_parser = ["float16", "bfloat16", "float32"])]
     dtype: Option<String>,
+    /// Dequantize an MLX-quantized folder back to floats (`--dtype`, else config.json's torch_dtype).
+    #[arg(short = 'd', long)]
+    dequantize: bool,
     /// Replace an existing --mlx-path (only once the new folder is complete).
     #[arg(long)]
     force: bool,
@@ -78,6 +81,7 @@ pub fn run(args: Args) -> Result<()> {
         q_mode: QuantMode::parse(&args.q_mode).unwrap_or_default(),
         quant_predicate: args.quant_predicate.as_deref().and_then(MixedRecipe::parse),
         dtype: args.dtype.as_deref().and_then(Dtype::parse_float),
+        dequantize: args.dequantize,
     };
     let dst = &args.mlx_path;
     if dst.exists() && !args.force {
