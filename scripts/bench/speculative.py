@@ -140,11 +140,16 @@ def main():
 
     results = {"mlx-gen": {}, "mlx-lm": {}}
     ours(ours_cfgs[1][1])  # warm-up (loads, kernels)
-    for _ in range(args.rounds):
+    for rnd in range(args.rounds):
+        # Each run as it ends (flushed), so that a run cut off by a time limit still shows what it measured.
         for name, flags in ours_cfgs:
-            results["mlx-gen"].setdefault(name, []).append(ours(flags))
+            r = ours(flags)
+            results["mlx-gen"].setdefault(name, []).append(r)
+            print(f"round {rnd + 1} mlx-gen {name}: {r['generation_tps']:.1f} tok/s", flush=True)
         for name, k in theirs_cfgs:
-            results["mlx-lm"].setdefault(name, []).append(run_json(worker + ["--worker-k", str(k)]))
+            r = run_json(worker + ["--worker-k", str(k)])
+            results["mlx-lm"].setdefault(name, []).append(r)
+            print(f"round {rnd + 1} mlx-lm {name}: {r['generation_tps']:.1f} tok/s", flush=True)
 
     rows = []
     for engine, cfgs in results.items():
