@@ -160,6 +160,9 @@ struct Trace {
     draft_s: f64,
     verify_s: f64,
     host_s: f64,
+    /// Calls that waited for the device during rounds (`mlx::host_waits`; the trace's own sync
+    /// after the draft included).
+    waits: u64,
 }
 
 /// Yields generated tokens, a round of speculation at a time; the caller stops it at EOS.
@@ -205,13 +208,14 @@ impl Drop for SpeculativeGenerator<'_> {
         if s.rounds > 0 {
             let per = |x: f64| 1e3 * x / s.rounds as f64;
             eprintln!(
-                "trace: {} rounds, {:.2} tokens/round, acceptance {:.1}%, draft {:.3} ms/round, verify {:.3} ms/round, host {:.3} ms/round; {} plain tokens in {} stretches",
+                "trace: {} rounds, {:.2} tokens/round, acceptance {:.1}%, draft {:.3} ms/round, verify {:.3} ms/round, host {:.3} ms/round, {:.2} evaluations and host reads/round (the trace's own sync after the draft among them); {} plain tokens in {} stretches",
                 s.rounds,
                 s.tokens_per_round(),
                 100.0 * s.acceptance_rate(),
                 per(t.draft_s),
                 per(t.verify_s),
                 per(t.host_s),
+                t.waits as f64 / s.rounds as f64,
                 s.plain_tokens,
                 s.fallbacks
             );
@@ -407,6 +411,7 @@ impl<'m> SpeculativeGenerator<'m> {
     /// One round: draft, verify, queue the accepted tokens, rewind the caches.
     fn round(&mut self) -> Result<()> {
         let t0 = Instant::now();
+        let waits0 = mlx::host_waits();
         let max = self.config.max_tokens.unwrap_or(usize::MAX);
         let want = (max - self.ntoks).min(self.k);
         // The draft: lazy tokens from the draft model, or known ones from prompt lookup.
@@ -459,9 +464,11 @@ impl<'m> SpeculativeGenerator<'m> {
         // Recurrent states and rotating windows about to wrap, to put back if drafts are rejected.
         let before = checkpoint(&self.cache, self.y.len() + num_draft + self.pad_verify);
         let v = self.queue_verify(&y, draft.as_ref(), num_draft, masks.as_deref())?;
-        mlx::eval(&[&v.tokens, &v.input])?;
+        // One wait for the device: the sampled tokens and the fed input (the drafts) together.
+        let input = v.input.astype(Dtype::U32)?;
+        mlx::eval(&[&v.tokens, &input])?;
         let tokens: Vec<u32> = v.tokens.to_vec()?;
-        let mut fed: Vec<u32> = v.input.astype(Dtype::U32)?.to_vec()?;
+        let mut fed: Vec<u32> = input.to_vec()?;
         fed.truncate(v.real);
         let drafted = &fed[self.y.len()..];
         let t_verify = Instant::now();
@@ -499,6 +506,7 @@ impl<'m> SpeculativeGenerator<'m> {
             t.draft_s += (drafted_at - t0).as_secs_f64();
             t.verify_s += (t_verify - drafted_at).as_secs_f64();
             t.host_s += (end - t_verify).as_secs_f64();
+            t.waits += mlx::host_waits() - waits0;
         }
         self.finish_round(num_draft, n, self.ntoks - handed_before, t0);
         Ok(())

@@ -240,12 +240,14 @@ impl Array {
     /// Evaluates the array (and what it depends on).
     #[track_caller]
     pub fn eval(&self) -> Result<()> {
+        count_wait();
         ctx("eval", mlx_sys::eval(&[&self.0]))
     }
 
     /// Evaluates, converts to `T` and copies the elements out in row-major order.
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        count_wait();
         let mut buf = vec![0u8; self.size() * T::DTYPE.size()];
         ctx("copy to host", mlx_sys::to_host(&self.0, T::DTYPE.code(), &mut buf))?;
         Ok(T::from_bytes(&buf))
@@ -254,6 +256,7 @@ impl Array {
     /// Evaluates and copies the raw bytes out in the array's own dtype.
     #[track_caller]
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        count_wait();
         let mut buf = vec![0u8; self.nbytes()];
         ctx("copy to host", mlx_sys::to_host(&self.0, self.dtype().code(), &mut buf))?;
         Ok(buf)
@@ -276,9 +279,24 @@ impl fmt::Debug for Array {
     }
 }
 
+/// Calls that wait for the device (evaluations and copies to the host), counted for the traces.
+static HOST_WAITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count_wait() {
+    HOST_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How many calls so far could wait for the device: `eval`, `to_vec`, `to_bytes`, `item` (each
+/// counts, whether or not its arrays were evaluated already): an upper bound on a step's or a
+/// round's host syncs, for the traces.
+pub fn host_waits() -> u64 {
+    HOST_WAITS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Evaluates several arrays together.
 #[track_caller]
 pub fn eval(arrays: &[&Array]) -> Result<()> {
+    count_wait();
     let h: Vec<&Handle> = arrays.iter().map(|a| &a.0).collect();
     ctx("eval", mlx_sys::eval(&h))
 }

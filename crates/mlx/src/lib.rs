@@ -12,5 +12,5 @@ pub mod ops;
 pub mod random;
 pub mod runtime;
 
-pub use array::{async_eval, eval, export_to_dot, Array, Dtype, Element};
+pub use array::{async_eval, eval, export_to_dot, host_waits, Array, Dtype, Element};
 pub use error::{Error, Result};

@@ -214,6 +214,7 @@ impl<'m> BatchEngine<'m> {
     /// and decodes one token for every running sequence. Returns the tokens handed out (at most one
     /// per sequence; a sequence that just joined hands out its first).
     pub fn step(&mut self) -> Result<Vec<StepToken>> {
+        let waits0 = mlx::host_waits();
         let mut clock = Instant::now();
         let mut times = [std::time::Duration::ZERO; 5];
         self.drop_leaving()?;
@@ -229,7 +230,7 @@ impl<'m> BatchEngine<'m> {
         }
         lap(&mut times[2], &mut clock);
         let Some(current) = self.pending.take() else {
-            self.add_trace(&times, 0);
+            self.add_trace(&times, 0, waits0);
             return Ok(Vec::new());
         };
         let ids = if self.rows.iter().any(|r| r.constraint.is_some()) {
@@ -267,7 +268,7 @@ impl<'m> BatchEngine<'m> {
         if self.steps.is_multiple_of(256) {
             mlx::runtime::clear_cache();
         }
-        self.add_trace(&times, out.len());
+        self.add_trace(&times, out.len(), waits0);
         Ok(out)
     }
 
@@ -277,9 +278,10 @@ impl<'m> BatchEngine<'m> {
     }
 
     /// Adds one step's stage times (drop, prefill, join, build, wait) and its tokens to the trace.
-    fn add_trace(&mut self, times: &[std::time::Duration; 5], tokens: usize) {
+    fn add_trace(&mut self, times: &[std::time::Duration; 5], tokens: usize, waits0: u64) {
         if let Some(t) = self.trace.as_mut() {
             t.steps += 1;
+            t.waits += mlx::host_waits() - waits0;
             t.tokens += tokens;
             for (stage, d) in [&mut t.drop, &mut t.prefill, &mut t.join, &mut t.build, &mut t.wait].into_iter().zip(times) {
                 *stage += *d;

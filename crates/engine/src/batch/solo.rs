@@ -231,7 +231,7 @@ impl<'m> BatchEngine<'m> {
     /// One round of the sequence alone: its tokens.
     fn solo_round(&mut self) -> Result<Vec<StepToken>> {
         let solo = self.solo.as_mut().ok_or_else(|| EngineError::Invalid("no sequence alone".into()))?;
-        let start = std::time::Instant::now();
+        let (start, waits0) = (std::time::Instant::now(), mlx::host_waits());
         let round = solo.generator.next_round()?;
         if round.is_empty() {
             return Err(EngineError::Invalid(format!("sequence {} reached its token limit but was not ended", solo.id)));
@@ -244,7 +244,7 @@ impl<'m> BatchEngine<'m> {
         }
         let mut times = [std::time::Duration::ZERO; 5];
         times[3] = start.elapsed();
-        self.add_trace(&times, out.len());
+        self.add_trace(&times, out.len(), waits0);
         Ok(out)
     }
 
