@@ -69,6 +69,8 @@ pub struct Generator<'m> {
     history: Option<Array>,
     /// With MLX_GEN_TRACE set: seconds spent building+queueing steps, waiting for tokens, and steps.
     timing: Option<(f64, f64, usize)>,
+    /// `mlx::host_waits()` once the prompt was in (the trace's count of device waits per token).
+    waits_start: u64,
     /// Constrained decoding: the grammar every sampled token must follow.
     constraint: Option<Box<dyn TokenConstraint>>,
 }
@@ -78,9 +80,10 @@ impl Drop for Generator<'_> {
         if let Some((build, wait, n)) = self.timing {
             if n > 0 {
                 eprintln!(
-                    "trace: {n} tokens, build+queue {:.3} ms/token, wait {:.3} ms/token",
+                    "trace: {n} tokens, build+queue {:.3} ms/token, wait {:.3} ms/token, {:.2} evaluations and host reads/token",
                     1e3 * build / n as f64,
-                    1e3 * wait / n as f64
+                    1e3 * wait / n as f64,
+                    (mlx::host_waits() - self.waits_start) as f64 / n as f64
                 );
             }
         }
@@ -110,7 +113,7 @@ impl<'m> Generator<'m> {
         config.validate(model, prompt)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0));
-        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, constraint };
+        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint };
         let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
         let mut history = None;
         let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
@@ -129,6 +132,7 @@ impl<'m> Generator<'m> {
         let (y, logprobs) = g.sample(&logits, allowed.as_deref())?;
         async_eval(&[&y, &logprobs])?;
         g.pending = Some((y, logprobs));
+        g.waits_start = mlx::host_waits();
         Ok(g)
     }
 
