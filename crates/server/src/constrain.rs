@@ -146,28 +146,50 @@ impl GuidanceConstraint {
     }
 }
 
-impl TokenConstraint for GuidanceConstraint {
-    fn allowed(&mut self, vocab: usize) -> engine::Result<Vec<bool>> {
+impl GuidanceConstraint {
+    /// The matcher's next token set, or `None` (and a note) once only the end may come: the grammar
+    /// ended early, dead-ended here or failed.
+    fn mask(&mut self) -> Option<llguidance::toktrie::SimpleVob> {
         if self.note.is_some() {
-            return Ok(self.eos_only(vocab));
+            return None;
         }
         match self.matcher.compute_mask_or_eos() {
-            Ok(mask) if !mask.is_zero() => {
-                let mut allowed = vec![false; vocab];
-                for (t, a) in allowed.iter_mut().enumerate().take(self.vocab) {
-                    *a = mask.is_allowed(t as u32);
-                }
-                Ok(allowed)
-            }
+            Ok(mask) if !mask.is_zero() => Some(mask),
             Ok(_) => {
                 self.set_note("the grammar allows no token here (it dead-ended)".into());
-                Ok(self.eos_only(vocab))
+                None
             }
             Err(e) => {
                 self.set_note(format!("the grammar failed: {e}"));
-                Ok(self.eos_only(vocab))
+                None
             }
         }
+    }
+}
+
+impl TokenConstraint for GuidanceConstraint {
+    fn allowed(&mut self, vocab: usize) -> engine::Result<Vec<bool>> {
+        let Some(mask) = self.mask() else { return Ok(self.eos_only(vocab)) };
+        let mut allowed = vec![false; vocab];
+        for (t, a) in allowed.iter_mut().enumerate().take(self.vocab) {
+            *a = mask.is_allowed(t as u32);
+        }
+        Ok(allowed)
+    }
+
+    /// llguidance's own words (same layout as `pack_bits`), ids past the tokenizer's vocabulary
+    /// cleared.
+    fn allowed_bits(&mut self, vocab: usize) -> engine::Result<Vec<u32>> {
+        let Some(mask) = self.mask() else { return Ok(engine::sample::constraint::pack_bits(&self.eos_only(vocab))) };
+        let mut words = vec![0u32; vocab.div_ceil(32)];
+        let known = self.vocab.min(vocab);
+        for (w, &m) in words.iter_mut().zip(mask.as_slice()).take(known.div_ceil(32)) {
+            *w = m;
+        }
+        if !known.is_multiple_of(32) {
+            words[known / 32] &= (1u32 << (known % 32)) - 1;
+        }
+        Ok(words)
     }
 
     fn commit(&mut self, token: u32) -> engine::Result<()> {
@@ -246,6 +268,28 @@ mod tests {
         let end = run(&mut c, "{\"a\": 12}");
         assert_eq!(end.iter().filter(|&&a| a).count(), 1, "only EOS after a complete object");
         assert!(end[258] && c.note().is_none());
+    }
+
+    /// llguidance's own words, as the engine sends them to the device, say what the flags say, on a
+    /// model vocabulary longer than the tokenizer's (the ids past it never allowed), also once the
+    /// grammar only allows the end.
+    #[test]
+    fn packed_masks_are_the_flags() {
+        use engine::sample::constraint::{pack_bits, unpack_bits};
+        let cs = constraints();
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false});
+        let mut c = cs.compile(&Grammar::JsonSchema(schema)).expect("compiles");
+        for b in "{\"a\": 12}".bytes() {
+            for vocab in [260, 300] {
+                let (bits, flags) = (c.allowed_bits(vocab).expect("bits"), c.allowed(vocab).expect("flags"));
+                assert_eq!(bits, pack_bits(&flags), "after {:?}, vocab {vocab}", b as char);
+                assert!(unpack_bits(&bits, vocab)[260..].iter().all(|&a| !a));
+            }
+            c.commit(u32::from(b)).expect("commit");
+        }
+        let end = c.allowed_bits(300).expect("end");
+        assert_eq!(unpack_bits(&end, 300).iter().filter(|&&a| a).count(), 1, "only EOS after a complete object");
+        assert_eq!(end, pack_bits(&c.allowed(300).expect("flags")));
     }
 
     #[test]

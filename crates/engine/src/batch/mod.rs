@@ -493,7 +493,7 @@ impl<'m> BatchEngine<'m> {
 /// ([`crate::sample::rows`]), each constrained row masked by its entry of `masks`; `inputs` (B,):
 /// the tokens the logits came from, which join the logits processors' histories (`None` for first
 /// tokens, whose history is the prompt).
-fn sample_rows(rows: &mut [Row], inputs: Option<&Array>, logits: &Array, masks: Option<&[Option<Vec<bool>>]>) -> Result<Pending> {
+fn sample_rows(rows: &mut [Row], inputs: Option<&Array>, logits: &Array, masks: Option<&[Option<Vec<u32>>]>) -> Result<Pending> {
     if let Some(inputs) = inputs {
         for (i, row) in rows.iter_mut().enumerate() {
             let procs = &row.params.sampler.processors;

@@ -258,7 +258,7 @@ impl Group {
         let mut rows = Vec::with_capacity(self.members.len());
         let mut masks = Vec::with_capacity(self.members.len());
         for mut m in self.members.drain(..).filter(|m| m.id != GONE) {
-            masks.push(m.constraint.as_mut().map(|c| c.allowed(vocab)).transpose()?);
+            masks.push(m.constraint.as_mut().map(|c| c.allowed_bits(vocab)).transpose()?);
             let history = history_of(&m.params.sampler, &m.prompt)?;
             rows.push(Row { id: m.id, params: m.params, tokens: m.prompt, history, constraint: m.constraint, draft: m.draft, skip: false });
         }

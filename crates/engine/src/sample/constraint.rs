@@ -22,6 +22,53 @@ pub trait TokenConstraint: Send {
     fn rollback(&mut self, n: usize) -> Result<()>;
     /// Why the constraint ended generation early (it dead-ended or rejected a token), if it did.
     fn note(&self) -> Option<String>;
+    /// [`TokenConstraint::allowed`] packed as [`pack_bits`] packs it (`vocab.div_ceil(32)` words):
+    /// a thirty-second of the flags to build on the CPU and to send to the device.
+    fn allowed_bits(&mut self, vocab: usize) -> Result<Vec<u32>> {
+        Ok(pack_bits(&self.allowed(vocab)?))
+    }
+}
+
+/// Token flags as words: bit `t % 32` of word `t / 32` is token t's flag (the layout of
+/// llguidance's token sets); `flags.len().div_ceil(32)` words.
+pub fn pack_bits(flags: &[bool]) -> Vec<u32> {
+    flags.chunks(32).map(|c| c.iter().enumerate().fold(0u32, |w, (i, &f)| w | (u32::from(f) << i))).collect()
+}
+
+/// The first `vocab` flags of words packed by [`pack_bits`].
+pub fn unpack_bits(words: &[u32], vocab: usize) -> Vec<bool> {
+    (0..vocab).map(|t| words.get(t / 32).is_some_and(|w| (w >> (t % 32)) & 1 == 1)).collect()
+}
+
+thread_local! {
+    /// Per vocabulary size: each token's word (vocab,) and its bit's value 2^(t % 32) (vocab,), on
+    /// the device once (arrays stay on the thread that made them).
+    static UNPACK: std::cell::RefCell<Option<(i32, Array, Array)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `logits` (rows, vocab) with every token the packed masks `words` (rows x `vocab.div_ceil(32)`
+/// words, row after row, see [`pack_bits`]) do not allow set to -inf; the bits are unpacked on the
+/// device (a word gathered per token, divided by its bit's value, modulo 2).
+pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
+    let (rows, vocab) = (logits.dim(0), logits.dim(-1));
+    let per_row = (vocab as usize).div_ceil(32);
+    if logits.ndim() != 2 || words.len() != rows as usize * per_row {
+        return Err(EngineError::Invalid(format!("a packed token mask of {} words for logits of shape {:?}", words.len(), logits.shape())));
+    }
+    let (word_of, bit) = UNPACK.with(|u| -> Result<(Array, Array)> {
+        let mut u = u.borrow_mut();
+        if u.as_ref().is_none_or(|(v, _, _)| *v != vocab) {
+            let word_of: Vec<i32> = (0..vocab).map(|t| t / 32).collect();
+            let bit: Vec<u32> = (0..vocab).map(|t| 1u32 << (t % 32)).collect();
+            *u = Some((vocab, Array::from_slice(&word_of, &[vocab])?, Array::from_slice(&bit, &[vocab])?));
+        }
+        let (_, w, b) = u.as_ref().expect("set above");
+        Ok((w.clone(), b.clone()))
+    })?;
+    let packed = Array::from_slice(words, &[rows, per_row as i32])?; // (rows, words)
+    let mask = packed.take(&word_of, 1)?.floor_divide(&bit)?.remainder_scalar(2.0)?.ne_scalar(0.0)?; // (rows, vocab)
+    let neg_inf = Array::scalar(f64::NEG_INFINITY, logits.dtype())?;
+    Ok(ops::where_(&mask, logits, &neg_inf)?)
 }
 
 /// `logits` (rows, vocab) with every token `allowed` (rows * vocab flags, row after row) does not
@@ -37,16 +84,17 @@ pub fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array> {
     Ok(ops::where_(&mask, logits, &neg_inf)?)
 }
 
-/// Commits each row's chosen token to its constraint and computes the row's next mask: `rows` pairs
+/// Commits each row's chosen token to its constraint and computes the row's next mask (packed, see
+/// [`pack_bits`]): `rows` pairs
 /// each constraint (none for a free row) with its token. Rows run on their own threads when more
 /// than one is constrained (each mask is a walk of its own grammar over the whole vocabulary, and a
 /// batch step waits for the slowest), in the order given otherwise.
-pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, vocab: usize) -> Result<Vec<Option<Vec<bool>>>> {
-    let step = |c: Option<&mut Box<dyn TokenConstraint>>, token: u32| -> Result<Option<Vec<bool>>> {
+pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, vocab: usize) -> Result<Vec<Option<Vec<u32>>>> {
+    let step = |c: Option<&mut Box<dyn TokenConstraint>>, token: u32| -> Result<Option<Vec<u32>>> {
         match c {
             Some(c) => {
                 c.commit(token)?;
-                Ok(Some(c.allowed(vocab)?))
+                Ok(Some(c.allowed_bits(vocab)?))
             }
             None => Ok(None),
         }
@@ -124,7 +172,7 @@ mod tests {
         assert_eq!(masks.len(), 7);
         assert!(masks[1].is_none());
         for (row, token) in [(0usize, 0usize), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)] {
-            let m = masks[row].as_ref().expect("a constrained row's mask");
+            let m = unpack_bits(masks[row].as_ref().expect("a constrained row's mask"), 8);
             assert!(!m[token] && m.iter().filter(|&&a| a).count() == 7, "row {row}: {m:?}");
         }
         // A row's error is the call's error, on one thread or several.
@@ -144,5 +192,29 @@ mod tests {
         assert_eq!(v[2], 3.0);
         assert!(v[1] == f32::NEG_INFINITY && v[3] == f32::NEG_INFINITY);
         assert!(apply_mask(&logits, &[true]).is_err());
+    }
+
+    /// Packed masks unpacked on the device mask exactly what the flags mask: 3 rows over a vocabulary
+    /// that 32 does not divide, every bit position of a word included.
+    #[test]
+    fn packed_masks_equal_the_flags() {
+        let (rows, vocab) = (3usize, 77usize);
+        let flags: Vec<bool> = (0..rows * vocab).map(|i| (i * 7919 + i / 5) % 3 != 0).collect();
+        let words: Vec<u32> = flags.chunks(vocab).flat_map(pack_bits).collect();
+        assert_eq!(words.len(), rows * vocab.div_ceil(32));
+        for (r, chunk) in flags.chunks(vocab).enumerate() {
+            assert_eq!(unpack_bits(&words[r * 3..r * 3 + 3], vocab), chunk);
+        }
+        let logits = mlx::random::uniform_with_key(&[rows as i32, vocab as i32], Dtype::F32, &mlx::random::key(3).expect("key")).expect("logits");
+        let want = apply_mask(&logits, &flags).expect("flags").to_vec::<f32>().expect("read");
+        let got = apply_mask_bits(&logits, &words).expect("words").to_vec::<f32>().expect("read");
+        assert_eq!(want, got);
+        // Twice, from the unpacking tables kept for this vocabulary, and for another one.
+        assert_eq!(apply_mask_bits(&logits, &words).expect("again").to_vec::<f32>().expect("read"), want);
+        let small = logits.slice_axis(1, 0, 40).expect("slice");
+        let words40: Vec<u32> = flags.chunks(vocab).flat_map(|c| pack_bits(&c[..40])).collect();
+        let flags40: Vec<bool> = flags.chunks(vocab).flat_map(|c| c[..40].to_vec()).collect();
+        assert_eq!(apply_mask_bits(&small, &words40).expect("40").to_vec::<f32>().expect("read"), apply_mask(&small, &flags40).expect("40").to_vec::<f32>().expect("read"));
+        assert!(apply_mask_bits(&logits, &words[..5]).is_err());
     }
 }

@@ -17,8 +17,9 @@ pub struct RowSampling<'a> {
     pub history: Option<&'a Array>,
     /// Its own random stream; `None` draws from MLX's global key.
     pub keys: Option<&'a mut KeySeq>,
-    /// Constrained decoding: the tokens it may take (vocab flags).
-    pub allowed: Option<&'a [bool]>,
+    /// Constrained decoding: the tokens it may take (vocab flags packed in words, see
+    /// `constraint::pack_bits`).
+    pub allowed: Option<&'a [u32]>,
 }
 
 impl RowSampling<'_> {
@@ -55,8 +56,8 @@ pub fn sample_rows(rows: &mut [RowSampling<'_>], logits: &Array) -> Result<Sampl
     let vocab = logits.dim(-1);
     let shared_logits = match rows.iter().any(|r| r.allowed.is_some()) {
         true => {
-            let all = vec![true; vocab as usize];
-            constraint::apply_mask(logits, &rows.iter().flat_map(|r| r.allowed.unwrap_or(&all).iter().copied()).collect::<Vec<_>>())?
+            let all = vec![u32::MAX; (vocab as usize).div_ceil(32)];
+            constraint::apply_mask_bits(logits, &rows.iter().flat_map(|r| r.allowed.unwrap_or(&all).iter().copied()).collect::<Vec<_>>())?
         }
         false => logits.clone(),
     };
@@ -72,7 +73,8 @@ pub fn sample_rows(rows: &mut [RowSampling<'_>], logits: &Array) -> Result<Sampl
     for (i, row) in rows.iter_mut().enumerate() {
         let one = |a: &Array| a.slice_axis(0, i as i32, i as i32 + 1);
         tokens.push(if !row.shared() {
-            let (t, lp) = row.sampler.process_and_sample_masked(&one(logits)?, row.history, row.keys.as_deref_mut(), row.allowed)?;
+            let allowed = row.allowed.map(|w| constraint::unpack_bits(w, vocab as usize));
+            let (t, lp) = row.sampler.process_and_sample_masked(&one(logits)?, row.history, row.keys.as_deref_mut(), allowed.as_deref())?;
             sampled.own[i] = Some(lp);
             t
         } else if row.sampler.is_greedy() {
