@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the H200, call N of a lease staged by stage-lease.sh (run from the repository root there): takes in what
+# this call carried, sets up MLX CUDA and our binary in /tmp/w (call 2), then runs the gpu_suite.sh sections
+# given after N (VAR=value words become their environment) and packs $OUT into one file (at most 8 come back).
+set -u
+n=${1:?usage: lease-call.sh N [VAR=value...] [SECTION...]}; shift
+mkdir -p /tmp/mlxparts /tmp/w/.gpubin /tmp/q /tmp/tok
+case $n in
+1) cp "$0" /tmp/w/lease-call.sh
+   cp .gpu/a/* /tmp/mlxparts/ || exit 1
+   for b in mlx-gen batch_step_cost; do gunzip -c ".gpu/bin/$b.gz" > "/tmp/w/.gpubin/$b" && chmod +x "/tmp/w/.gpubin/$b"; done
+   cp .gpu/q0/* /tmp/q/; nvidia-smi --query-gpu=name,memory.used --format=csv; exit 0 ;;
+2) rm -rf /tmp/mlxsite && bash .gpu/b/install-on-device >/dev/null || exit 1
+   cp -a .gpubin/. /tmp/w/.gpubin/ && cp .gpu/q1/* /tmp/q/
+   for f in .gpu/tok/*.gz; do gunzip -c "$f" > "/tmp/tok/$(basename "$f" .gz)"; done ;;
+*) cp ".gpu/q$((n - 1))"/* /tmp/q/ 2>/dev/null
+   if [ "$n" -ge 6 ] && [ ! -d /tmp/real/qwen2.5-coder-0.5b-instruct ]; then
+     mkdir -p /tmp/real && cat /tmp/q/part* | gunzip | tar -x -C /tmp/real
+   fi ;;
+esac
+cd /tmp/w && source .gpubin/dev.sh && export OUT TOK=/tmp/tok REAL=/tmp/real
+envs=()
+for a in "$@"; do
+  case $a in
+    *=*) envs+=("$a") ;;
+    *) env "${envs[@]}" bash .gpubin/bench/gpu_suite.sh "$a" >/dev/null 2>&1; envs=() ;;
+  esac
+done
+cat "$OUT"/suite-*.txt 2>/dev/null | grep -v '^\[transformers\]' | cut -c1-400
+(cd "$OUT" && tar czf /tmp/res.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/res.tgz "$OUT/call$n.tgz")
