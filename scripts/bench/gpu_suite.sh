@@ -27,7 +27,8 @@
 #   gpu_suite.sh realspec  issue 19 with the real Qwen2.5-Coder-0.5B-Instruct (bf16 target, its 4-bit draft, from
 #                       $REAL as stage-real-models.sh stages it): vs mlx-lm, a low-acceptance prompt, the server
 #   gpu_suite.sh next   what was built after the fifth lease: serve's warm-up on a fresh machine, async prefill
-#                       chunks, MLX_GEN_KEY_BUCKET on speculative rounds and 32 streams (run first on a fresh machine)
+#                       chunks, MLX_GEN_KEY_BUCKET on speculative rounds and 32 streams, MLX_GEN_GDN_NOFMA's fidelity
+#                       (run first on a fresh machine)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -266,6 +267,11 @@ next)
   for kb in 0 256; do
     echo "== llama-3.2-3b drafting for itself, K=4, every round speculative, MLX_GEN_KEY_BUCKET=$kb"
     MLX_GEN_KEY_BUCKET=$kb b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  done
+  d35=$(shape_dir qwen3.5-2b)
+  for nf in 0 1; do
+    echo "== qwen3.5-2b GPU tokens against mlx-lm's, the recurrence kernel with MLX_GEN_GDN_NOFMA=$nf (1: no FMAs)"
+    MLX_GEN_GDN_NOFMA=$nf timeout 150 python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m 64 "$d35" | cut -c1-300
   done
   ;;
 *) echo "unknown section $section (next, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;

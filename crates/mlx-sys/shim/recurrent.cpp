@@ -7,6 +7,7 @@
 #include <mlx/backend/metal/metal.h>
 #include <mlx/mlx.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -85,7 +86,13 @@ std::vector<mx::array> delta_step(const std::vector<mx::array>& in) {
 // with T read from q's shape; q and k are per key head (no repeat: hk = hv / (Hv / Hk)).
 // Inputs: q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); g, beta (B, T, Hv); state_in (B, Hv, Dv, Dk);
 // mask (B, T) when MASKED. Outputs: y (B, T, Hv, Dv) in q's dtype, state_out like state_in.
-std::string delta_kernel_body(bool cuda, bool masked) {
+// `exact` (CUDA, MLX_GEN_GDN_NOFMA=1): every product and sum rounded on its own (__fmul_rn, __fadd_rn),
+// as the per-position operations round them, instead of the products fused into FMAs; an experiment
+// towards mlx-lm's CUDA tokens (the lanes' summation order stays the kernel's).
+std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
+  auto mul = [&](const std::string& a, const std::string& b) { return exact ? "__fmul_rn(" + a + ", " + b + ")" : a + " * " + b; };
+  auto add = [&](const std::string& a, const std::string& b) { return exact ? "__fadd_rn(" + a + ", " + b + ")" : a + " + " + b; };
+  auto sub = [&](const std::string& a, const std::string& b) { return exact ? "__fsub_rn(" + a + ", " + b + ")" : "(" + a + " - " + b + ")"; };
   std::string lane = cuda ? "threadIdx.x" : "thread_position_in_threadgroup.x";
   std::string row = cuda ? "(blockIdx.y * blockDim.y + threadIdx.y)" : "thread_position_in_grid.y";
   std::string head = cuda ? "blockIdx.z" : "thread_position_in_grid.z";
@@ -123,16 +130,16 @@ std::string delta_kernel_body(bool cuda, bool masked) {
       float kv_mem = 0.0f;
       for (int i = 0; i < n_per_t; ++i) {
         const int s_idx = n_per_t * dk_idx + i;
-        st[i] = st[i] * static_cast<float>(g_[hv_idx]);
-        kv_mem += st[i] * static_cast<float>(k_[s_idx]);
+        st[i] = )" + mul("st[i]", "static_cast<float>(g_[hv_idx])") + R"(;
+        kv_mem = )" + add("kv_mem", mul("st[i]", "static_cast<float>(k_[s_idx])")) + R"(;
       }
       )" + reduce + R"(
-      const float delta = (static_cast<float>(v_[dv_idx]) - kv_mem) * static_cast<float>(beta_[hv_idx]);
+      const float delta = )" + mul(sub("static_cast<float>(v_[dv_idx])", "kv_mem"), "static_cast<float>(beta_[hv_idx])") + R"(;
       float out = 0.0f;
       for (int i = 0; i < n_per_t; ++i) {
         const int s_idx = n_per_t * dk_idx + i;
-        st[i] = st[i] + static_cast<float>(k_[s_idx]) * delta;
-        out += st[i] * static_cast<float>(q_[s_idx]);
+        st[i] = )" + add("st[i]", mul("static_cast<float>(k_[s_idx])", "delta")) + R"(;
+        out = )" + add("out", mul("st[i]", "static_cast<float>(q_[s_idx])")) + R"(;
       }
       )" + reduce_out + R"(
       if (dk_idx == 0) { y_[dv_idx] = static_cast<InT>(out); }
@@ -161,11 +168,13 @@ const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
     if (masked) {
       inputs.push_back("mask");
     }
-    std::string name = masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta";
     bool cuda = mx::cu::is_available();
+    const char* nofma = std::getenv("MLX_GEN_GDN_NOFMA");
+    bool exact = cuda && nofma != nullptr && std::string(nofma) == "1";
+    std::string name = std::string(masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta") + (exact ? "_exact" : "");
     slot = new mx::fast::CustomKernelFunction(
-        cuda ? mx::fast::cuda_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(true, masked))
-             : mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(false, masked)));
+        cuda ? mx::fast::cuda_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(true, masked, exact))
+             : mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(false, masked, false)));
   }
   return *slot;
 }
