@@ -99,7 +99,7 @@ def forced_tool_use():
             for temp in [0.0, 1.0]:
                 label = f"{choice['type']} disable_parallel={disable} temp={temp}"
                 kw = dict(model=MODEL, max_tokens=200, tools=[WEATHER, ADD], tool_choice={**choice, "disable_parallel_tool_use": disable},
-                          extra_body={"temperature": temp}, messages=[{"role": "user", "content": "Use a tool"}])
+                          extra_body={"temperature": temp, "seed": 5}, messages=[{"role": "user", "content": "Use a tool"}])
                 m = CLIENT.messages.create(**kw)
                 uses = [b for b in m.content if b.type == "tool_use"]
                 check(f"{label}: tool_use blocks", len(uses) >= 1 and (not disable or len(uses) == 1), f"{m.content}")
@@ -112,6 +112,10 @@ def forced_tool_use():
                     except Exception as e:
                         ok = False
                     check(f"{label}: input validates", ok, f"{u.name} {u.input}")
+                if temp == 1.0:
+                    # `seed` (mlx-gen's own field): the same sampled calls again.
+                    again = CLIENT.messages.create(**kw)
+                    check(f"{label}: seeded again", [(b.name, b.input) for b in again.content if b.type == "tool_use"] == [(u.name, u.input) for u in uses], f"{again.content}")
                 if temp == 0.0:
                     s, _ = streamed(**kw)
                     suses = [(b.name, b.input) for b in s.content if b.type == "tool_use"]

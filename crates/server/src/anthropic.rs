@@ -136,8 +136,9 @@ fn message(m: &Value, i: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The Messages API fields this server implements; any other is a 400 naming it.
-const FIELDS: &[&str] = &["model", "max_tokens", "system", "messages", "temperature", "top_p", "top_k", "stop_sequences", "output_config", "thinking", "tools", "tool_choice", "stream"];
+/// The Messages API fields this server implements, and `seed` (mlx-gen's own: a sampled answer
+/// that can be had again, as in its OpenAI routes); any other is a 400 naming it.
+const FIELDS: &[&str] = &["model", "max_tokens", "system", "messages", "temperature", "top_p", "top_k", "stop_sequences", "output_config", "thinking", "tools", "tool_choice", "stream", "seed"];
 
 /// The Anthropic body as the OpenAI chat body the engine runs, and whether it streams.
 fn translate(body: &[u8]) -> Result<(Value, bool), ApiError> {
@@ -169,7 +170,7 @@ fn translate(body: &[u8]) -> Result<(Value, bool), ApiError> {
         message(m, i, &mut msgs)?;
     }
     out.insert("messages".into(), Value::Array(msgs));
-    for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop")] {
+    for (from, to) in [("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("stop_sequences", "stop"), ("seed", "seed")] {
         if let Some(x) = get(from) {
             out.insert(to.into(), x.clone());
         }
