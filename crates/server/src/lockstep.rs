@@ -10,7 +10,6 @@ use engine::batch::{BatchEngine, SeqParams, Speculation};
 use engine::cache::PagedPool;
 use engine::sample::{key_seq_as_mlx_lm, KeySeq};
 use engine::{LoadedModel, SamplerConfig};
-
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -116,47 +115,55 @@ const WARM_UP_PROMPTS: [usize; 8] = [12, 300, 20, 40, 70, 16, 100, 30];
 pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions) -> Result<std::time::Duration> {
     let started = std::time::Instant::now();
     let mut engine = new_engine(loaded, options, None, None);
-    let vocab = (loaded.model.vocab_size().max(2) as u64).min(1 << 20);
-    let prompt = |id: u64, len: usize| -> Vec<u32> { (0..len as u64).map(|j| ((id * 7919 + j * 104_729 + 1) % (vocab - 1) + 1) as u32).collect() };
-    let params = || SeqParams { sampler: engine::SamplerConfig::default(), keys: None, logprobs: false };
+    let mut dummies = Dummies { vocab: (loaded.model.vocab_size().max(2) as u64).min(1 << 20), left: Vec::new(), steps: 0 };
+    dummies.add(&mut engine, 24, 3)?;
+    dummies.run(&mut engine, &[])?;
     let rows = options.max_batch.clamp(1, WARM_UP_PROMPTS.len());
-    // (id, tokens it decodes before it is finished)
-    let mut wanted: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-    let add = |engine: &mut BatchEngine<'_>, wanted: &mut std::collections::HashMap<u64, usize>, id: u64, len: usize, tokens: usize| -> Result<()> {
-        engine.add(id, prompt(id, len), params())?;
-        wanted.insert(id, tokens);
-        Ok(())
-    };
-    add(&mut engine, &mut wanted, 0, 24, 3)?;
-    let mut steps = 0usize;
-    let mut next = 1u64;
-    let mut joined = false;
-    while !engine.is_idle() || next == 1 {
-        if next == 1 && engine.is_idle() {
-            for (i, &len) in WARM_UP_PROMPTS.iter().take(rows).enumerate() {
-                add(&mut engine, &mut wanted, next, len, 2 + i)?;
-                next += 1;
-            }
-        }
-        for t in engine.step()? {
-            let left = wanted.get_mut(&t.id).ok_or_else(|| anyhow::anyhow!("warm-up: a token of an unknown sequence {}", t.id))?;
-            *left = left.saturating_sub(1);
-            if *left == 0 {
-                engine.finish(t.id);
-            }
-        }
-        steps += 1;
-        // Two newcomers join the batch while its first rows decode.
-        if !joined && next > 1 && engine.len().0 > 0 && rows > 1 {
-            joined = true;
-            for len in [9, 50] {
-                add(&mut engine, &mut wanted, next, len, 3)?;
-                next += 1;
-            }
-        }
-        if steps > 10_000 {
-            anyhow::bail!("warm-up: the batch engine did not finish its dummy sequences");
-        }
+    for (i, &len) in WARM_UP_PROMPTS.iter().take(rows).enumerate() {
+        dummies.add(&mut engine, len, 2 + i)?;
     }
+    // Two newcomers join the batch while its first rows decode.
+    dummies.run(&mut engine, if rows > 1 { &[9, 50] } else { &[] })?;
     Ok(started.elapsed())
+}
+
+/// The warm-up's dummy sequences (id = index): the tokens each has still to decode.
+struct Dummies {
+    vocab: u64,
+    left: Vec<usize>,
+    steps: usize,
+}
+
+impl Dummies {
+    /// Adds a greedy sequence of a `len`-token prompt that ends after `tokens` tokens.
+    fn add(&mut self, engine: &mut BatchEngine<'_>, len: usize, tokens: usize) -> Result<()> {
+        let id = self.left.len() as u64;
+        let prompt = (0..len as u64).map(|j| ((id * 7919 + j * 104_729 + 1) % (self.vocab - 1) + 1) as u32).collect();
+        engine.add(id, prompt, SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false })?;
+        self.left.push(tokens);
+        Ok(())
+    }
+
+    /// Steps until every sequence is done; `newcomers` (prompt lengths) join once some rows decode.
+    fn run(&mut self, engine: &mut BatchEngine<'_>, mut newcomers: &[usize]) -> Result<()> {
+        while !engine.is_idle() {
+            for t in engine.step()? {
+                let left = self.left.get_mut(t.id as usize).ok_or_else(|| anyhow::anyhow!("warm-up: a token of an unknown sequence {}", t.id))?;
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    engine.finish(t.id);
+                }
+            }
+            self.steps += 1;
+            if !newcomers.is_empty() && engine.len().0 > 0 {
+                for &len in std::mem::take(&mut newcomers) {
+                    self.add(engine, len, 3)?;
+                }
+            }
+            if self.steps > 10_000 {
+                anyhow::bail!("warm-up: the batch engine did not finish its dummy sequences");
+            }
+        }
+        Ok(())
+    }
 }

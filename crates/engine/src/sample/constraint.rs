@@ -6,7 +6,7 @@
 //! then reads token n (the one host sync a step already has), commits it and computes the next mask
 //! on the CPU while the device runs that forward pass; only the masked sampling waits for the mask.
 use crate::error::{EngineError, Result};
-use mlx::{ops, Array, Dtype};
+use mlx::{ops, Array};
 
 /// A grammar (or any rule) over the generated tokens. Implementations live outside the engine
 /// (the server's llguidance matcher); the engine only asks for masks and reports tokens.
@@ -78,10 +78,7 @@ pub fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array> {
     if logits.ndim() != 2 || allowed.len() != (rows * vocab) as usize {
         return Err(EngineError::Invalid(format!("a token mask of {} entries for logits of shape {:?}", allowed.len(), logits.shape())));
     }
-    let flags: Vec<u8> = allowed.iter().map(|&a| u8::from(a)).collect();
-    let mask = Array::from_slice(&flags, &[rows, vocab])?.astype(Dtype::Bool)?; // (rows, vocab)
-    let neg_inf = Array::scalar(f64::NEG_INFINITY, logits.dtype())?;
-    Ok(ops::where_(&mask, logits, &neg_inf)?)
+    apply_mask_bits(logits, &allowed.chunks(vocab as usize).flat_map(pack_bits).collect::<Vec<_>>())
 }
 
 /// Commits each row's chosen token to its constraint and computes the row's next mask (packed, see
@@ -138,6 +135,7 @@ pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlx::Dtype;
 
     /// Allows the tokens that differ from the last committed one; refuses token 99.
     struct NotAgain(Option<u32>);
@@ -194,8 +192,8 @@ mod tests {
         assert!(apply_mask(&logits, &[true]).is_err());
     }
 
-    /// Packed masks unpacked on the device mask exactly what the flags mask: 3 rows over a vocabulary
-    /// that 32 does not divide, every bit position of a word included.
+    /// Packed masks unpacked on the device mask exactly what the flags say (computed on the host): 3
+    /// rows over a vocabulary that 32 does not divide, every bit position of a word included.
     #[test]
     fn packed_masks_equal_the_flags() {
         let (rows, vocab) = (3usize, 77usize);
@@ -206,7 +204,9 @@ mod tests {
             assert_eq!(unpack_bits(&words[r * 3..r * 3 + 3], vocab), chunk);
         }
         let logits = mlx::random::uniform_with_key(&[rows as i32, vocab as i32], Dtype::F32, &mlx::random::key(3).expect("key")).expect("logits");
-        let want = apply_mask(&logits, &flags).expect("flags").to_vec::<f32>().expect("read");
+        let masked = |values: Vec<f32>, flags: &[bool]| -> Vec<f32> { values.iter().zip(flags).map(|(&v, &a)| if a { v } else { f32::NEG_INFINITY }).collect() };
+        let want = masked(logits.to_vec::<f32>().expect("read"), &flags);
+        assert_eq!(apply_mask(&logits, &flags).expect("flags").to_vec::<f32>().expect("read"), want);
         let got = apply_mask_bits(&logits, &words).expect("words").to_vec::<f32>().expect("read");
         assert_eq!(want, got);
         // Twice, from the unpacking tables kept for this vocabulary, and for another one.
@@ -214,7 +214,7 @@ mod tests {
         let small = logits.slice_axis(1, 0, 40).expect("slice");
         let words40: Vec<u32> = flags.chunks(vocab).flat_map(|c| pack_bits(&c[..40])).collect();
         let flags40: Vec<bool> = flags.chunks(vocab).flat_map(|c| c[..40].to_vec()).collect();
-        assert_eq!(apply_mask_bits(&small, &words40).expect("40").to_vec::<f32>().expect("read"), apply_mask(&small, &flags40).expect("40").to_vec::<f32>().expect("read"));
+        assert_eq!(apply_mask_bits(&small, &words40).expect("40").to_vec::<f32>().expect("read"), masked(small.to_vec::<f32>().expect("read"), &flags40));
         assert!(apply_mask_bits(&logits, &words[..5]).is_err());
     }
 }
