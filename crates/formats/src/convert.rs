@@ -117,7 +117,14 @@ pub trait ModelRules {
         let _ = (model_type, config);
     }
 
+    /// The quantization a quantized folder's config.json gives its layers, as the engine reads it
+    /// when loading (the `quantization` entry's top level, a layer's own entry, `false` for a float
+    /// layer): a function from a layer's path to its parameters, or why the entry is invalid.
+    fn layer_quant(&self, config: &Map<String, Value>) -> std::result::Result<LayerQuant, String>;
 }
+
+/// A layer's path -> its quantization (`None`: stored as floats); see [`ModelRules::layer_quant`].
+pub type LayerQuant = Box<dyn Fn(&str) -> Option<QuantSpec>>;
 
 /// What a conversion wrote.
 #[derive(Clone, Debug, Default)]
@@ -239,30 +246,17 @@ fn target_dtype(opts: &ConvertOptions, config: &Map<String, Value>) -> Option<Dt
 
 /// mlx-lm's `dequantize_model` over the (already cast) tensors: every `{layer}.weight` that has
 /// `{layer}.scales` becomes `mx.dequantize(weight, scales, biases)` with the layer's parameters
-/// (`quantization[layer]`, else the top level's); returns the names it dequantized.
+/// (`layer_quant`, the engine's reading of config.json); returns the names it dequantized.
 fn dequantize_all(
     weights: &mut BTreeMap<String, Array>,
-    q: &Value,
+    layer_quant: &dyn Fn(&str) -> Option<QuantSpec>,
     cast: &dyn Fn(&str, Array) -> Result<Array>,
 ) -> Result<std::collections::HashSet<String>> {
-    let spec = |v: &Value, what: &str| -> Result<QuantSpec> {
-        let mode = match v.get("mode").and_then(Value::as_str) {
-            None => QuantMode::Affine,
-            Some(m) => QuantMode::parse(m).ok_or_else(|| FormatError::Invalid(format!("quantization {what}: unknown mode {m:?}")))?,
-        };
-        let d = mode.defaults();
-        let num = |k: &str, or: i32| v.get(k).and_then(Value::as_i64).map_or(or, |n| n as i32);
-        Ok(QuantSpec { group_size: num("group_size", d.group_size), bits: num("bits", d.bits), mode })
-    };
-    let default = spec(q, "(top level)")?;
     let layers: Vec<String> =
         weights.keys().filter_map(|n| n.strip_suffix(".scales")).filter(|l| weights.contains_key(&format!("{l}.weight"))).map(str::to_owned).collect();
     let mut done = std::collections::HashSet::new();
     for layer in layers {
-        let own = match q.get(&layer) {
-            Some(v @ Value::Object(_)) => spec(v, &layer)?,
-            _ => default,
-        };
+        let own = layer_quant(&layer).ok_or_else(|| FormatError::Invalid(format!("{layer} has scales but config.json's `quantization` stores it as floats")))?;
         let (wn, sn, bn) = (format!("{layer}.weight"), format!("{layer}.scales"), format!("{layer}.biases"));
         let scales = weights.remove(&sn).map(|s| cast(&sn, s)).transpose()?.ok_or_else(|| FormatError::Invalid(format!("{sn} is missing")))?;
         let biases = weights.remove(&bn).map(|b| cast(&bn, b)).transpose()?;
@@ -301,8 +295,8 @@ pub fn convert_folder(
     if opts.quantize && config.contains_key("quantization") {
         return Err(FormatError::Invalid(format!("{} is already quantized", src.display())));
     }
-    let quantization = match (opts.dequantize, config.get("quantization").or_else(|| config.get("quantization_config"))) {
-        (false, _) => None,
+    let dequantize = match (opts.dequantize, config.get("quantization").or_else(|| config.get("quantization_config"))) {
+        (false, _) => false,
         (true, None) => return Err(FormatError::Invalid(format!("{} is not quantized (config.json has no `quantization`): nothing to dequantize", src.display()))),
         (true, Some(q)) if q.get("quant_method").is_some() => {
             return Err(FormatError::Invalid(format!(
@@ -311,7 +305,7 @@ pub fn convert_folder(
                 q["quant_method"]
             )))
         }
-        (true, Some(q)) => Some(q.clone()),
+        (true, Some(_)) => true,
     };
     // The files an index names, or every model*.safetensors; each checked before it is read.
     let mut weights: BTreeMap<String, Array> = checkpoint::Weights::load_dir(src)?.into_map().into_iter().collect();
@@ -325,13 +319,13 @@ pub fn convert_folder(
             _ => w,
         })
     };
-    let dequantized = match &quantization {
-        Some(q) => {
-            config.remove("quantization");
-            config.remove("quantization_config");
-            dequantize_all(&mut weights, q, &cast)?
-        }
-        None => std::collections::HashSet::new(),
+    let dequantized = if dequantize {
+        let layer_quant = rules.layer_quant(&config).map_err(FormatError::Invalid)?;
+        config.remove("quantization");
+        config.remove("quantization_config");
+        dequantize_all(&mut weights, layer_quant.as_ref(), &cast)?
+    } else {
+        std::collections::HashSet::new()
     };
     let recipe = opts
         .quant_predicate

@@ -71,6 +71,14 @@ impl ModelRules for EngineRules {
     fn update_config(&self, model_type: &str, config: &mut serde_json::Map<String, serde_json::Value>) {
         engine::models::update_config(model_type, config);
     }
+
+    fn layer_quant(&self, config: &serde_json::Map<String, serde_json::Value>) -> std::result::Result<formats::convert::LayerQuant, String> {
+        let q = engine::nn::QuantConfig::from_config(&serde_json::Value::Object(config.clone())).map_err(|e| e.to_string())?;
+        Ok(Box::new(move |layer| match q.overrides.get(layer) {
+            Some(own) => *own,
+            None => q.default,
+        }))
+    }
 }
 
 pub fn run(args: Args) -> Result<()> {
