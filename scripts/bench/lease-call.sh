@@ -10,7 +10,11 @@ case $n in
    cp .gpu/a/* /tmp/mlxparts/ || exit 1
    for b in mlx-gen batch_step_cost; do gunzip -c ".gpu/bin/$b.gz" > "/tmp/w/.gpubin/$b" && chmod +x "/tmp/w/.gpubin/$b"; done
    cp .gpu/q0/* /tmp/q/; nvidia-smi --query-gpu=name,memory.used --format=csv; exit 0 ;;
-2) rm -rf /tmp/mlxsite && bash .gpu/b/install-on-device >/dev/null || exit 1
+2) whl=/tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
+   cat /tmp/mlxparts/cuda.part.aa .gpu/b/cuda.part.ab > "$whl" || exit 1
+   echo "94cb48fba73e5ee39467e51c35c51c691123359ca17bafd1a24cf92ad6732bee  $whl" | sha256sum -c - >/dev/null || exit 1
+   rm -rf /tmp/mlxsite && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mlxsite \
+     /tmp/mlxparts/*.whl "$whl" || exit 1
    cp -a .gpubin/. /tmp/w/.gpubin/ && cp .gpu/q1/* /tmp/q/
    for f in .gpu/tok/*.gz; do gunzip -c "$f" > "/tmp/tok/$(basename "$f" .gz)"; done ;;
 *) cp ".gpu/q$((n - 1))"/* /tmp/q/ 2>/dev/null

@@ -7,12 +7,22 @@
 #   call N carry [.gpu/qN-1]                          bash /tmp/w/lease-call.sh N SECTION...  (N = 3..6)
 # From call 6 on the real model is in /tmp/real (REAL for `fidelity` and `realspec`); $TOK (/tmp/tok) holds
 # Qwen2.5's tokenizer for `constrained`. Sections are gpu_suite.sh's, with VAR=value words passed as environment
-# (e.g. `SHAPES=qwen3.5-2b fidelity`). Needs ../shared/gpu/stage-mlx-cuda and the real models in the cache
-# (scripts/test.sh fetches them).
+# (e.g. `SHAPES=qwen3.5-2b fidelity`). Needs the real models in the cache (scripts/test.sh fetches them) and
+# pip access to PyPI for the pinned wheels (mlx, mlx-cuda-13 0.32.4, mlx-lm 0.32.2).
 set -euo pipefail
+# The pinned mlx-cuda-13 0.32.4 wheel (manylinux_2_35_x86_64); lease-call.sh checks it again once joined.
+MLX_CUDA_SHA256=94cb48fba73e5ee39467e51c35c51c691123359ca17bafd1a24cf92ad6732bee
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-../shared/gpu/stage-mlx-cuda >/dev/null
+# MLX CUDA's 90 MB wheel split in two (call 1 carries the first part with mlx and mlx-lm, call 2 the rest).
+rm -rf .gpu/a .gpu/b .gpu/dl && mkdir -p .gpu/a .gpu/b .gpu/dl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_35_x86_64 -d .gpu/dl mlx==0.32.4 mlx-cuda-13==0.32.4 mlx-lm==0.32.2
+echo "$MLX_CUDA_SHA256  $(ls .gpu/dl/mlx_cuda_13-0.32.4-*.whl)" | sha256sum -c - >/dev/null
+split -b 46000000 .gpu/dl/mlx_cuda_13-0.32.4-*.whl .gpu/a/cuda.part.
+mv .gpu/a/cuda.part.ab .gpu/b/
+cp .gpu/dl/mlx-0.32.4-*.whl .gpu/dl/mlx_lm-0.32.2-*.whl .gpu/a/
+grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
 bash scripts/bench/stage-gpu.sh >/dev/null
 bash scripts/bench/stage-real-models.sh >/dev/null
 mkdir -p .gpu/bin .gpu/tok
