@@ -26,6 +26,9 @@
 #                       then mlx-gen's `bench --memory` breakdown
 #   gpu_suite.sh realspec  issue 19 with the real Qwen2.5-Coder-0.5B-Instruct (bf16 target, its 4-bit draft, from
 #                       $REAL as stage-real-models.sh stages it): vs mlx-lm, a low-acceptance prompt, the server
+#   gpu_suite.sh diag   a decode step's time split (graph, queue, wait) in both tools, Qwen3-0.6B and Llama-3.2-3B
+#                       shapes (also at the end of `moe`); the batch engine's newcomers' prefill cost against its rows,
+#                       length and step budget (batch_step_cost --prefill)
 #   gpu_suite.sh next   what was built after the fifth lease: serve's warm-up on a fresh machine, async prefill
 #                       chunks, MLX_GEN_KEY_BUCKET on speculative rounds and 32 streams, MLX_GEN_GDN_NOFMA's fidelity
 #                       (run first on a fresh machine)
@@ -40,6 +43,13 @@ section=${1:-perf}
 # MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER operations (default 20).
 tuned=$(cat /tmp/mlxgen-tuned-env 2>/dev/null || echo "")
 med() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); m=d['median']; print(f\"ttft {m['ttft_s']*1000:.1f} ms, prefill {m['prompt_tps']:.0f} tok/s, decode {m['generation_tps']:.1f} tok/s, peak {m['peak_memory_gb']:.3f} GB\")"; }
+# A decode step's time split (graph building, MLX's queueing, waiting) in both tools, same MLX settings.
+step_split() {
+  for r in 1 2; do
+    echo "== $(basename "$1") step split round $r, mlx-gen: $(MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_TRACE=1 ./mlx-gen bench --model "$1" -p 128 -g 256 -n 1 2>&1 | grep '^trace:' | tail -1)"
+    echo "== $(basename "$1") step split round $r, $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_step_split.py --model "$1" -p 128 -g 256 2>&1 | tail -1)"
+  done
+}
 shape_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || python3 bench/make_shape.py "$1" "$d" --bits 4 --dtype bfloat16 >/dev/null; echo "$d"; }
 {
 case $section in
@@ -103,10 +113,10 @@ EOF
 serving)
   for s in qwen3-0.6b llama-3.2-3b; do
     d=$(shape_dir $s)
-    echo "== $s: mlx-gen (MLX_GEN_TRACE) and mlx_lm.server, 1/8/32 streams, 128 tokens, 2 rounds"
+    echo "== $s: mlx-gen (MLX_GEN_TRACE) and mlx_lm.server, 1/8/32 streams, 128 tokens, ${ROUNDS:-2} rounds"
     env $tuned MLX_GEN_TRACE=1 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
-        --max-tokens 128 --rounds 2 --server-log "$out/serving-$s" --out "$out/serving-$s.json"
-    grep '^trace:' "$out/serving-$s.mlx-gen.log" | tail -6
+        --max-tokens 128 --rounds ${ROUNDS:-2} --server-log "$out/serving-$s" --out "$out/serving-$s.json"
+    grep -E '^trace:|warmed up' "$out/serving-$s.mlx-gen.log" | tail -8
     [ -n "${PS2048:-}" ] || continue
     echo "== $s: mlx-gen --prefill-step-size 2048"
     env $tuned python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
@@ -166,6 +176,7 @@ moe)
   [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null
   MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
       -p 512 -g 256 -n 2 --rounds 3 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_$s.json"
+  step_split "$d"
   [ -n "${KEEP:-}" ] || rm -rf "$models/$s-4bit-bfloat16"
   ;;
 hybrid)
@@ -175,8 +186,9 @@ hybrid)
   d=$models/$s-4bit-bfloat16
   [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 >/dev/null
   for p in ${PROMPTS:-512 4096}; do
+    rounds=${ROUNDS:-3}; [ "$p" -lt 4096 ] || rounds=${ROUNDS_4096:-$rounds}
     MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
-        -p $p -g 256 -n 2 --rounds ${ROUNDS:-3} --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_${s}_p$p.json"
+        -p $p -g 256 -n 2 --rounds $rounds --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_${s}_p$p.json"
   done
   echo "== mlx-gen, the recurrence one compiled step per position (MLX_GEN_GDN_KERNEL=0), -p 512:" \
        "$(MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_GDN_KERNEL=0 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
@@ -247,6 +259,13 @@ realspec)
         --concurrency 1 --rounds 2 --max-tokens 128 --mlx-gen-args "$a" | tail -3
   done
   ;;
+diag)
+  # Where the time goes (issues 17, 20, 22): a decode step's split in both tools on the dense shapes; the batch
+  # engine's newcomers' prefill (ROWSxLEN@STEP: rows at once, STEP padded positions a step) against one row.
+  for s in qwen3-0.6b llama-3.2-3b; do step_split "$(shape_dir $s)"; done
+  MLX_GEN_TRACE=1 timeout 200 ./batch_step_cost "$(shape_dir qwen3-0.6b)" --prefill 1x256 1x2048 8x256@512 8x256@2048 \
+      8x256@8192 32x256@2048 32x256@8192 2>&1 | grep -E "trial [02]|rror"
+  ;;
 next)
   # The checks of what was built after the fifth lease (CPU-tested only), in one call on a FRESH machine (run it
   # first): the warm-up (the first 8-stream round's TTFT with `serve --warmup auto`, the default, against the 42.8 s
@@ -274,6 +293,6 @@ next)
     MLX_GEN_GDN_NOFMA=$nf timeout 150 python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m 64 "$d35" | cut -c1-300
   done
   ;;
-*) echo "unknown section $section (next, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (next, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

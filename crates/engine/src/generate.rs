@@ -67,8 +67,9 @@ pub struct Generator<'m> {
     n: usize,
     /// The latest tokens the logits processors read (prompt, then sampled), when there are any.
     history: Option<Array>,
-    /// With MLX_GEN_TRACE set: seconds spent building+queueing steps, waiting for tokens, and steps.
-    timing: Option<(f64, f64, usize)>,
+    /// With MLX_GEN_TRACE set: seconds spent building+queueing steps, waiting for tokens, steps,
+    /// and of the first, seconds spent building the graph alone (the rest is MLX's queueing).
+    timing: Option<(f64, f64, usize, f64)>,
     /// `mlx::host_waits()` once the prompt was in (the trace's count of device waits per token).
     waits_start: u64,
     /// Constrained decoding: the grammar every sampled token must follow.
@@ -77,11 +78,13 @@ pub struct Generator<'m> {
 
 impl Drop for Generator<'_> {
     fn drop(&mut self) {
-        if let Some((build, wait, n)) = self.timing {
+        if let Some((build, wait, n, graph)) = self.timing {
             if n > 0 {
                 eprintln!(
-                    "trace: {n} tokens, build+queue {:.3} ms/token, wait {:.3} ms/token, {:.2} evaluations and host reads/token",
+                    "trace: {n} tokens, build+queue {:.3} ms/token (graph {:.3}, queue {:.3}), wait {:.3} ms/token, {:.2} evaluations and host reads/token",
                     1e3 * build / n as f64,
+                    1e3 * graph / n as f64,
+                    1e3 * (build - graph) / n as f64,
                     1e3 * wait / n as f64,
                     (mlx::host_waits() - self.waits_start) as f64 / n as f64
                 );
@@ -112,7 +115,7 @@ impl<'m> Generator<'m> {
     ) -> Result<Generator<'m>> {
         config.validate(model, prompt)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0));
+        let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0, 0.0));
         let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint };
         let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
         let mut history = None;
@@ -202,6 +205,7 @@ impl<'m> Generator<'m> {
         let t0 = std::time::Instant::now();
         let last = self.config.max_tokens == Some(self.n + 1);
         let t1;
+        let mut graph = None;
         let token;
         if let Some(mut c) = self.constraint.take() {
             // Forward n+1 runs while token n is committed and the mask for n+1 computed.
@@ -228,6 +232,7 @@ impl<'m> Generator<'m> {
         } else {
             if !last {
                 let next = self.step(&y)?;
+                graph = Some(t0.elapsed().as_secs_f64());
                 async_eval(&[&next.0, &next.1])?;
                 self.pending = Some(next);
             }
@@ -238,6 +243,7 @@ impl<'m> Generator<'m> {
             t.0 += (t1 - t0).as_secs_f64();
             t.1 += t1.elapsed().as_secs_f64();
             t.2 += 1;
+            t.3 += graph.unwrap_or((t1 - t0).as_secs_f64());
         }
         if self.n.is_multiple_of(256) {
             mlx::runtime::clear_cache();
