@@ -263,6 +263,7 @@ diag)
   # Where the time goes (issues 17, 20, 22): a decode step's split in both tools on the dense shapes; the batch
   # engine's newcomers' prefill (ROWSxLEN@STEP: rows at once, STEP padded positions a step) against one row.
   for s in qwen3-0.6b llama-3.2-3b; do step_split "$(shape_dir $s)"; done
+  MLX_GEN_TRACE=1 ./batch_step_cost "$(shape_dir qwen3-0.6b)" 1 8 32
   MLX_GEN_TRACE=1 timeout 200 ./batch_step_cost "$(shape_dir qwen3-0.6b)" --prefill 1x256 1x2048 8x256@512 8x256@2048 \
       8x256@8192 32x256@2048 32x256@8192 2>&1 | grep -E "trial [02]|rror"
   ;;

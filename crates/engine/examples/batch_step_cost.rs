@@ -1,6 +1,7 @@
 //! Host and device time of one continuous-batching step against the batch size, for a model
 //! folder: `cargo run --release -p engine --example batch_step_cost -- MODEL [B...]`.
-//! Every sequence gets a different prompt length (so rows are padded, as in a server).
+//! Every sequence gets a different prompt length (so rows are padded, as in a server). With
+//! `MLX_GEN_TRACE` set, each line adds the steps' stage split.
 //!
 //! `batch_step_cost MODEL --prefill ROWSxLEN[@STEP]...`: the newcomers' prefill alone: ROWS prompts
 //! of LEN tokens (each its own tokens) added at once and stepped until every one is decoding, with
@@ -74,6 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..8 {
             engine.step()?; // prefill, join, warm up
         }
+        let _ = engine.take_trace();
         let t0 = Instant::now();
         let steps = 64;
         for _ in 0..steps {
@@ -81,7 +83,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let dt = t0.elapsed().as_secs_f64();
         let dt = dt / f64::from(steps);
-        println!("batch {b:3}: {:.2} ms per step, {:.0} tok/s", 1e3 * dt, b as f64 / dt);
+        let trace = engine.take_trace().map(|t| format!("; {}", t.summary())).unwrap_or_default();
+        println!("batch {b:3}: {:.2} ms per step, {:.0} tok/s{trace}", 1e3 * dt, b as f64 / dt);
     }
     Ok(())
 }

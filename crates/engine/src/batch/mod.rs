@@ -216,7 +216,7 @@ impl<'m> BatchEngine<'m> {
     pub fn step(&mut self) -> Result<Vec<StepToken>> {
         let waits0 = mlx::host_waits();
         let mut clock = Instant::now();
-        let mut times = [std::time::Duration::ZERO; 5];
+        let mut times = [std::time::Duration::ZERO; 6];
         self.drop_leaving()?;
         lap(&mut times[0], &mut clock);
         if let Some(out) = self.solo_step()? {
@@ -250,6 +250,7 @@ impl<'m> BatchEngine<'m> {
             // Queue the next step, then read this one.
             let logits = self.forward(&current.tokens)?;
             let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, None)?;
+            times[5] = clock.elapsed();
             self.queue(next)?;
             lap(&mut times[3], &mut clock);
             let ids = current.tokens.to_vec::<u32>()?;
@@ -277,13 +278,14 @@ impl<'m> BatchEngine<'m> {
         self.trace.as_mut().map(std::mem::take)
     }
 
-    /// Adds one step's stage times (drop, prefill, join, build, wait) and its tokens to the trace.
-    fn add_trace(&mut self, times: &[std::time::Duration; 5], tokens: usize, waits0: u64) {
+    /// Adds one step's stage times (drop, prefill, join, build, wait, and of build the graph's
+    /// building alone) and its tokens to the trace.
+    fn add_trace(&mut self, times: &[std::time::Duration; 6], tokens: usize, waits0: u64) {
         if let Some(t) = self.trace.as_mut() {
             t.steps += 1;
             t.waits += mlx::host_waits() - waits0;
             t.tokens += tokens;
-            for (stage, d) in [&mut t.drop, &mut t.prefill, &mut t.join, &mut t.build, &mut t.wait].into_iter().zip(times) {
+            for (stage, d) in [&mut t.drop, &mut t.prefill, &mut t.join, &mut t.build, &mut t.wait, &mut t.graph].into_iter().zip(times) {
                 *stage += *d;
             }
         }

@@ -20,6 +20,8 @@ pub struct StepTrace {
     pub join: Duration,
     /// The batched forward and sampling graph built and queued.
     pub build: Duration,
+    /// Of `build`, building the graph alone (the rest is MLX queueing it; unconstrained steps).
+    pub graph: Duration,
     /// Waiting for the current step's tokens (the device's time not hidden behind the host's).
     pub wait: Duration,
     /// Calls that could wait for the device (`mlx::host_waits`: evaluations and host reads).
@@ -36,7 +38,7 @@ impl StepTrace {
     pub fn summary(&self) -> String {
         let per = |d: Duration| 1e3 * d.as_secs_f64() / self.steps.max(1) as f64;
         format!(
-            "{} steps, {} tokens, {} prompt positions in {} prefill forwards; ms/step: drop {:.3}, prefill {:.3}, join {:.3}, build+queue {:.3}, wait {:.3}; {:.2} evaluations and host reads/step",
+            "{} steps, {} tokens, {} prompt positions in {} prefill forwards; ms/step: drop {:.3}, prefill {:.3}, join {:.3}, build+queue {:.3} (graph {:.3}), wait {:.3}; {:.2} evaluations and host reads/step",
             self.steps,
             self.tokens,
             self.prefill_positions,
@@ -45,6 +47,7 @@ impl StepTrace {
             per(self.prefill),
             per(self.join),
             per(self.build),
+            per(self.graph),
             per(self.wait),
             self.waits as f64 / self.steps.max(1) as f64
         )
