@@ -186,24 +186,33 @@ impl Inner {
     }
 
     /// Writes keys/values (1, kv_heads, n, D) of one layer at positions `start..start + n` of the
-    /// sequence whose blocks are `table` (storage must hold them).
+    /// sequence whose blocks are `table` (storage must hold them): one slice update per run of
+    /// positions that lie side by side in storage (a sequence's fresh blocks come in order, so
+    /// usually one for the whole write, where a block at a time cost a server's departing row
+    /// hundreds of operations per layer).
     fn write_slots(&mut self, layer: usize, table: &[BlockId], start: i32, keys: &Array, values: &Array) -> Result<()> {
         let (n, bs) = (keys.dim(2), self.alloc.block_size() as i32);
-        let (mut pk, mut pv) = self.layers[layer].take().ok_or_else(|| EngineError::Invalid("no storage".into()))?;
+        // (position in `keys`, position in storage, length) of each run.
+        let mut runs: Vec<(i32, i32, i32)> = Vec::new();
         let mut pos = start;
         while pos < start + n {
             let blk = *table
                 .get((pos / bs) as usize)
                 .ok_or_else(|| EngineError::Invalid(format!("paged KV cache: position {pos} is past the sequence's blocks")))?;
-            let (blk, slot) = (blk as i32, pos % bs);
+            let (slot, i) = (pos % bs, pos - start);
             let run = (bs - slot).min(start + n - pos);
-            let i = pos - start;
-            let kk = keys.slice_axis(2, i, i + run)?;
-            let vv = values.slice_axis(2, i, i + run)?;
-            let at = blk * bs + slot;
+            let at = blk as i32 * bs + slot;
+            match runs.last_mut() {
+                Some((_, last_at, len)) if *last_at + *len == at => *len += run,
+                _ => runs.push((i, at, run)),
+            }
+            pos += run;
+        }
+        let (mut pk, mut pv) = self.layers[layer].take().ok_or_else(|| EngineError::Invalid("no storage".into()))?;
+        for (i, at, run) in runs {
+            let (kk, vv) = if run == n { (keys.clone(), values.clone()) } else { (keys.slice_axis(2, i, i + run)?, values.slice_axis(2, i, i + run)?) };
             pk = pk.slice_update(&kk, &[0, 0, at, 0], &[1, pk.dim(1), at + run, pk.dim(3)])?;
             pv = pv.slice_update(&vv, &[0, 0, at, 0], &[1, pv.dim(1), at + run, pv.dim(3)])?;
-            pos += run;
         }
         self.layers[layer] = Some((pk, pv));
         Ok(())
