@@ -240,6 +240,14 @@ memory)
     done
     MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p $p -g 16 -n 1 --memory 2>&1 | grep -iE "memory|peak|weights|cache|transient" | head -20
   done
+  # Which GPU-only path holds the prefill's extra transient (the CPU's peaks are mlx-lm's): unfused projections,
+  # smaller prefill chunks, and MLX's attention without cuDNN in both tools.
+  d=$(shape_dir llama-3.2-3b)
+  for v in MLX_GEN_NO_FUSE=1 "MLX_GEN_NO_FUSE=1 MLX_CUDA_USE_CUDNN_SDPA=0" MLX_CUDA_USE_CUDNN_SDPA=0; do
+    echo "== llama-3.2-3b p4096 mlx-gen $v: $(env $v MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 1 --memory 2>&1 | grep '^Memory')"
+  done
+  echo "== llama-3.2-3b p4096 mlx-lm MLX_CUDA_USE_CUDNN_SDPA=0: $(MLX_CUDA_USE_CUDNN_SDPA=0 MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p 4096 -g 16 -n 1 | med)"
+  echo "== llama-3.2-3b p4096 mlx-gen --prefill-step-size 512: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 1 --prefill-step-size 512 --memory 2>&1 | grep '^Memory')"
   ;;
 realspec)
   # Issue 19 with real weights: Qwen2.5-Coder-0.5B-Instruct (stage-real-models.sh's 4-bit folder, the draft)
@@ -264,6 +272,10 @@ diag)
   # engine's newcomers' prefill (ROWSxLEN@STEP: rows at once, STEP padded positions a step) against one row.
   for s in qwen3-0.6b llama-3.2-3b; do step_split "$(shape_dir $s)"; done
   MLX_GEN_TRACE=1 ./batch_step_cost "$(shape_dir qwen3-0.6b)" 1 8 32
+  # Is the batch step's growth in MLX's queueing (2.9 -> 9.8 ms from 1 to 32 rows, sixth lease) the CUDA graphs
+  # rebuilt for the composed attention's key length growing every step? Keys in buckets, and no CUDA graphs:
+  echo "== MLX_GEN_KEY_BUCKET=256"; MLX_GEN_KEY_BUCKET=256 MLX_GEN_TRACE=1 ./batch_step_cost "$(shape_dir qwen3-0.6b)" 1 8 32
+  echo "== MLX_USE_CUDA_GRAPHS=0"; MLX_USE_CUDA_GRAPHS=0 MLX_GEN_TRACE=1 ./batch_step_cost "$(shape_dir qwen3-0.6b)" 1 8 32
   MLX_GEN_TRACE=1 timeout 200 ./batch_step_cost "$(shape_dir qwen3-0.6b)" --prefill 1x256 1x2048 8x256@512 8x256@2048 \
       8x256@8192 32x256@2048 32x256@8192 2>&1 | grep -E "trial [02]|rror"
   ;;
