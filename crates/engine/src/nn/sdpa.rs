@@ -110,12 +110,18 @@ fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask
         mask
     };
     let (real, s) = (s, s + pad);
+    // Each key/value head's group of query heads folded into the query positions, (B, Hkv, rep * L,
+    // D) against (B, Hkv, S, D): one batched product over B * Hkv. (MLX's fallback broadcasts k and
+    // v over a rep axis instead, which MLX's CUDA matmul cannot collapse into one batch: it then
+    // launches one product per row and key/value head, 14k launches a step for a batch of 32 rows
+    // of a 28-layer model.) The same dot products, so the same scores.
     if rep > 1 {
-        q = q.reshape(&[b, hkv, rep, l, -1])?; // (B, Hkv, rep, L, D)
-        k = k.expand_dims(&[2])?;
-        v = v.expand_dims(&[2])?;
+        q = q.reshape(&[b, hkv, rep * l, -1])?; // (B, Hkv, rep * L, D)
     }
-    let mut scores = q.matmul(&k.swapaxes(-1, -2)?)?; // (B, Hkv, [rep,] L, S)
+    let mut scores = q.matmul(&k.swapaxes(-1, -2)?)?; // (B, Hkv, rep * L, S)
+    if rep > 1 {
+        scores = scores.reshape(&[b, hkv, rep, l, s])?; // (B, Hkv, rep, L, S)
+    }
     let min = Array::scalar(scores.dtype().finfo_min(), scores.dtype())?;
     let as_scores = |m: Array| -> Result<Array> {
         // A (B|1, Hq|1, L, S) mask against (B, Hkv, rep, L, S) scores.
@@ -141,7 +147,9 @@ fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask
         Mask::Array(m) if m.dtype() == Dtype::Bool => scores = ops::where_(&as_scores(m.clone())?, &scores, &min)?,
         Mask::Array(m) => scores = scores.add(&as_scores(m.astype(scores.dtype())?)?)?,
     }
-    let out = scores.softmax(&[-1], true)?.matmul(&v)?;
+    let probs = scores.softmax(&[-1], true)?;
+    let probs = if rep > 1 { probs.reshape(&[b, hkv, rep * l, s])? } else { probs };
+    let out = probs.matmul(&v)?; // (B, Hkv, rep * L, Dv)
     Ok(if rep > 1 { out.reshape(&[b, hq, l, -1])? } else { out })
 }
 
@@ -156,7 +164,7 @@ mod tests {
 
     #[test]
     fn composed_attention_equals_mlx_s() {
-        for (hq, hkv, l, s) in [(4, 4, 5, 5), (4, 2, 3, 11), (6, 2, 8, 8), (4, 1, 2, 40), (4, 2, 1, 9)] {
+        for (hq, hkv, l, s) in [(4, 4, 5, 5), (4, 2, 3, 11), (6, 2, 8, 8), (4, 1, 2, 40), (4, 2, 1, 9), (12, 4, 1, 7), (6, 2, 5, 9)] {
             let (q, k, v) = (rand(&[2, hq, l, 16], 1), rand(&[2, hkv, s, 16], 2), rand(&[2, hkv, s, 8], 3));
             let bool_mask = rand(&[2, 1, l, s], 4).gt_scalar(-0.3).unwrap();
             let add_mask = rand(&[1, hq, l, s], 5);
