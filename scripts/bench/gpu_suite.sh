@@ -29,9 +29,9 @@
 #   gpu_suite.sh diag   a decode step's time split (graph, queue, wait) in both tools, Qwen3-0.6B and Llama-3.2-3B
 #                       shapes (also at the end of `moe`); the batch engine's newcomers' prefill cost against its rows,
 #                       length and step budget (batch_step_cost --prefill)
-#   gpu_suite.sh next   what was built after the fifth lease: serve's warm-up on a fresh machine, async prefill
-#                       chunks, MLX_GEN_KEY_BUCKET on speculative rounds and 32 streams, MLX_GEN_GDN_NOFMA's fidelity
-#                       (run first on a fresh machine)
+#   gpu_suite.sh next   what was built after the sixth lease: the folded composed attention (the batch step at
+#                       1/8/32 rows on both dense shapes, a verification round, the server at 8/32 streams against
+#                       mlx_lm.server), MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -280,25 +280,24 @@ diag)
       8x256@8192 32x256@2048 32x256@8192 2>&1 | grep -E "trial [02]|rror"
   ;;
 next)
-  # The checks of what was built after the fifth lease (CPU-tested only), in one call on a FRESH machine (run it
-  # first): the warm-up (the first 8-stream round's TTFT with `serve --warmup auto`, the default, against the 42.8 s
-  # stall of the fifth lease), the async prefill chunks and pool stores (32 streams vs the fifth lease's 1,034 /
-  # 441.8 tok/s), the key bucket of the composed attention (MLX_GEN_KEY_BUCKET=256 vs off: speculative rounds and
-  # the server at 32 streams).
+  # What was built after the sixth lease, first on a fresh machine: the composed attention with each kv head's
+  # query-head group folded into the query positions (it broadcast k/v, which MLX's CUDA matmul ran as one cuBLAS
+  # product per row and kv head): the batch step at 1/8/32 rows on both dense shapes (sixth lease, Qwen3-0.6B:
+  # 3.74 / 5.74 / 11.72 ms) and with MLX_GEN_KEY_BUCKET=256; a verification round (Llama-3.2-3B drafting for
+  # itself, K=4: verify 11.1-11.6 ms against 3.3-3.7 for a plain step at the third lease); the server at 32 streams;
+  # MLX_GEN_GDN_NOFMA's fidelity.
   d06=$(shape_dir qwen3-0.6b); d3=$(shape_dir llama-3.2-3b)
-  for s in "$d06" "$d3"; do
-    echo "== $(basename "$s"): mlx-gen serve (warm-up on), 1/8/32 streams, 128 tokens, 2 rounds"
-    MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$s" \
-        --concurrency 1,8,32 --max-tokens 128 --rounds 2 --server-log "$out/next-$(basename "$s")" | tail -12
-    grep -E "warmed up" "$out/next-$(basename "$s").mlx-gen.log"
-    echo "== the same, MLX_GEN_KEY_BUCKET=256"
-    MLX_GEN_KEY_BUCKET=256 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$s" \
-        --concurrency 1,8,32 --max-tokens 128 --rounds 2 | tail -4
+  for d in "$d06" "$d3"; do
+    echo "== $(basename "$d") batch step"; MLX_GEN_TRACE=1 ./batch_step_cost "$d" 1 8 32
+    echo "== $(basename "$d") batch step, MLX_GEN_KEY_BUCKET=256"; MLX_GEN_KEY_BUCKET=256 MLX_GEN_TRACE=1 ./batch_step_cost "$d" 1 8 32
   done
-  b() { ./mlx-gen bench -n 3 "$@" 2>&1 | grep -E "^(Averages|Speculative)"; }
-  for kb in 0 256; do
-    echo "== llama-3.2-3b drafting for itself, K=4, every round speculative, MLX_GEN_KEY_BUCKET=$kb"
-    MLX_GEN_KEY_BUCKET=$kb b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  echo "== llama-3.2-3b drafting for itself, K=4, every round speculative, MLX_GEN_TRACE=1 (stage split)"
+  MLX_GEN_TRACE=1 ./mlx-gen bench -n 3 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^(Averages|Speculative|trace)"
+  for d in "$d06" "$d3"; do
+    echo "== $(basename "$d"): mlx-gen and mlx_lm.server at 8 and 32 streams, 128 tokens, 2 rounds"
+    MLX_GEN_TRACE=1 timeout 200 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 8,32 \
+        --max-tokens 128 --rounds 2 --server-log "$out/next-$(basename "$d")" | tail -8
+    grep -E "^trace: engine" "$out/next-$(basename "$d").mlx-gen.log" | tail -2
   done
   d35=$(shape_dir qwen3.5-2b)
   for nf in 0 1; do

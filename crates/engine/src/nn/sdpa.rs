@@ -7,7 +7,8 @@
 //! itself: measured on the H200 (Qwen3-0.6B shape, prompt lookup with 9 positions per round),
 //! 34 tok/s with cuDNN against 438 with `MLX_CUDA_USE_CUDNN_SDPA=0`. Up to [`composed_max`] query
 //! positions we therefore compute what MLX's own fallback computes (scaled q kᵀ, the mask,
-//! a precise softmax, times v), whose kernels need no per-shape preparation; also for one position
+//! a precise softmax, times v; grouped query heads folded into the query positions rather than
+//! k and v broadcast over them), whose kernels need no per-shape preparation; also for one position
 //! with an array mask (a continuous batch's padded rows), which MLX would send to cuDNN too. One
 //! position without a mask (single-stream decode), a single sequence's prompt prefill
 //! ([`with_fused_attention`]) and the CPU keep MLX's fused kernels, so their results are mlx-lm's.
