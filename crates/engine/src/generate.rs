@@ -130,7 +130,7 @@ impl<'m> Generator<'m> {
         g.history = history;
         let last = last.reshape(&[-1])?; // (1,)
         let vocab = g.model.vocab_size() as usize;
-        let allowed = g.constraint.as_mut().map(|c| c.allowed(vocab)).transpose()?;
+        let allowed = g.constraint.as_mut().map(|c| c.allowed_bits(vocab)).transpose()?;
         let logits = g.logits(&last)?;
         let (y, logprobs) = g.sample(&logits, allowed.as_deref())?;
         async_eval(&[&y, &logprobs])?;
@@ -166,7 +166,7 @@ impl<'m> Generator<'m> {
 
     /// logits (1, vocab) -> the sampled token (1,) and the log-probabilities (vocab,), through the
     /// sampling chain, with the constraint's mask `allowed` when given.
-    fn sample(&mut self, logits: &Array, allowed: Option<&[bool]>) -> Result<(Array, Array)> {
+    fn sample(&mut self, logits: &Array, allowed: Option<&[u32]>) -> Result<(Array, Array)> {
         let (sampled, logprobs) = self.config.sampler.process_and_sample_masked(logits, self.history.as_ref(), None, allowed)?; // (1,), (1, vocab)
         Ok((sampled, logprobs.squeeze(&[0])?))
     }
@@ -219,7 +219,7 @@ impl<'m> Generator<'m> {
                 c.commit(token)?;
                 match &logits {
                     Some(l) => {
-                        let allowed = c.allowed(self.model.vocab_size() as usize)?;
+                        let allowed = c.allowed_bits(self.model.vocab_size() as usize)?;
                         let next = self.sample(l, Some(&allowed))?;
                         async_eval(&[&next.0, &next.1])?;
                         Ok(Some(next))

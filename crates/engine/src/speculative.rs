@@ -515,7 +515,7 @@ impl<'m> SpeculativeGenerator<'m> {
     /// Queues the target's verification of `draft` (num_draft,) after the pending input `y` (L,):
     /// the forward pass, padded to a multiple of `pad_verify` positions (repeats of `y`'s first
     /// token, trimmed from the cache at once), and the sampling of its last num_draft + 1 positions.
-    fn queue_verify(&mut self, y: &Array, draft: Option<&Array>, num_draft: usize, masks: Option<&[bool]>) -> Result<Verify> {
+    fn queue_verify(&mut self, y: &Array, draft: Option<&Array>, num_draft: usize, masks: Option<&[u32]>) -> Result<Verify> {
         let real = y.dim(0) as usize + num_draft;
         let pad = if num_draft > 0 && self.pad_verify > 1 { real.next_multiple_of(self.pad_verify) - real } else { 0 };
         let mut parts = vec![y.clone()];

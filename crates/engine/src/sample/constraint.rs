@@ -108,24 +108,31 @@ pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, 
     })
 }
 
+/// Whether token `t` is allowed by one row of packed flags ([`pack_bits`]).
+pub fn bit_is_set(words: &[u32], t: u32) -> bool {
+    words.get(t as usize / 32).is_some_and(|w| w >> (t % 32) & 1 == 1)
+}
+
 /// The masks of a speculative round's positions (the pending token's, then one after each draft
-/// token), `drafted.len() + 1` rows of `vocab` flags, from `c` advanced along the drafts while it
-/// allows them; past a draft it refuses, the rows repeat the last mask (that draft is rejected at
-/// its position, so they are never used). `c` is left as it was.
-pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -> Result<Vec<bool>> {
-    let mut masks = Vec::with_capacity((drafted.len() + 1) * vocab);
-    let mut last = c.allowed(vocab)?;
+/// token), `drafted.len() + 1` rows of `vocab` flags packed as [`pack_bits`] packs them
+/// (`vocab.div_ceil(32)` words a row), from `c` advanced along the drafts while it allows them;
+/// past a draft it refuses, the rows repeat the last mask (that draft is rejected at its
+/// position, so they are never used). `c` is left as it was.
+pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -> Result<Vec<u32>> {
+    let per_row = vocab.div_ceil(32);
+    let mut masks = Vec::with_capacity((drafted.len() + 1) * per_row);
+    let mut last = c.allowed_bits(vocab)?;
     let mut committed = 0;
     for &d in drafted {
         masks.extend_from_slice(&last);
-        if !last.get(d as usize).copied().unwrap_or(false) {
+        if !bit_is_set(&last, d) || d as usize >= vocab {
             break;
         }
         c.commit(d)?;
         committed += 1;
-        last = c.allowed(vocab)?;
+        last = c.allowed_bits(vocab)?;
     }
-    while masks.len() < (drafted.len() + 1) * vocab {
+    while masks.len() < (drafted.len() + 1) * per_row {
         masks.extend_from_slice(&last);
     }
     c.rollback(committed)?;

@@ -113,18 +113,19 @@ impl SamplerConfig {
     }
 
     /// [`Self::process_and_sample`] with constrained decoding's token mask (see [`constraint`]):
-    /// every token `allowed` (N * vocab flags, row after row) does not name is set to -inf after the
-    /// logits processors, before the log-softmax.
+    /// every token `allowed` (N rows of vocab flags packed as `constraint::pack_bits` packs them,
+    /// row after row) does not name is set to -inf after the logits processors, before the
+    /// log-softmax.
     pub fn process_and_sample_masked(
         &self,
         logits: &Array,
         history: Option<&Array>,
         keys: Option<&mut random::KeySeq>,
-        allowed: Option<&[bool]>,
+        allowed: Option<&[u32]>,
     ) -> Result<(Array, Array)> {
         let logits = if self.processors.is_empty() { logits.clone() } else { self.processors.apply(history, logits)? };
         let logits = match allowed {
-            Some(allowed) => constraint::apply_mask(&logits, allowed)?,
+            Some(allowed) => constraint::apply_mask_bits(&logits, allowed)?,
             None => logits,
         };
         let axes: &[i32] = if logits.dim(0) == 1 { &[] } else { &[-1] };

@@ -73,8 +73,7 @@ pub fn sample_rows(rows: &mut [RowSampling<'_>], logits: &Array) -> Result<Sampl
     for (i, row) in rows.iter_mut().enumerate() {
         let one = |a: &Array| a.slice_axis(0, i as i32, i as i32 + 1);
         tokens.push(if !row.shared() {
-            let allowed = row.allowed.map(|w| constraint::unpack_bits(w, vocab as usize));
-            let (t, lp) = row.sampler.process_and_sample_masked(&one(logits)?, row.history, row.keys.as_deref_mut(), allowed.as_deref())?;
+            let (t, lp) = row.sampler.process_and_sample_masked(&one(logits)?, row.history, row.keys.as_deref_mut(), row.allowed)?;
             sampled.own[i] = Some(lp);
             t
         } else if row.sampler.is_greedy() {

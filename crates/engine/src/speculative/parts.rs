@@ -70,7 +70,8 @@ pub(super) fn step(
 }
 
 /// [`step`] over an input whose last `padded` positions are padding, with constrained decoding's
-/// masks (`n_predict` rows of vocab flags) applied to the sampled positions.
+/// masks (`n_predict` rows of vocab flags, packed: `constraint::pack_bits`) applied to the sampled
+/// positions.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn step_padded(
     model: &dyn Model,
@@ -80,7 +81,7 @@ pub(super) fn step_padded(
     n_predict: i32,
     config: &GenerateConfig,
     history: &mut History,
-    masks: Option<&[bool]>,
+    masks: Option<&[u32]>,
     mut keys: Option<&mut KeySeq>,
 ) -> Result<(Array, Array)> {
     let full = input.dim(0);
@@ -93,13 +94,13 @@ pub(super) fn step_padded(
         // All positions in one sampler call (one random draw for all of them).
         return sampler.process_and_sample_masked(&logits.squeeze(&[0])?, None, keys, masks);
     }
-    let vocab = logits.dim(-1) as usize;
+    let per_row = (logits.dim(-1) as usize).div_ceil(32);
     let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
     let (mut ys, mut lps) = (Vec::new(), Vec::new());
     for i in 0..n_predict {
         history.push(&y)?;
         let row = logits.slice_axis(1, i, i + 1)?.squeeze(&[1])?; // (1, vocab)
-        let mask = masks.map(|m| &m[i as usize * vocab..(i as usize + 1) * vocab]);
+        let mask = masks.map(|m| &m[i as usize * per_row..(i as usize + 1) * per_row]);
         let (t, lp) = sampler.process_and_sample_masked(&row, history.tokens.as_ref(), keys.as_deref_mut(), mask)?;
         ys.push(t.clone());
         lps.push(lp);
