@@ -111,18 +111,21 @@ fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask
         mask
     };
     let (real, s) = (s, s + pad);
-    // Each key/value head's group of query heads folded into the query positions, (B, Hkv, rep * L,
-    // D) against (B, Hkv, S, D): one batched product over B * Hkv. (MLX's fallback broadcasts k and
-    // v over a rep axis instead, which MLX's CUDA matmul cannot collapse into one batch: it then
-    // launches one product per row and key/value head, 14k launches a step for a batch of 32 rows
-    // of a 28-layer model.) The same dot products, so the same scores.
-    if rep > 1 {
-        q = q.reshape(&[b, hkv, rep * l, -1])?; // (B, Hkv, rep * L, D)
-    }
-    let mut scores = q.matmul(&k.swapaxes(-1, -2)?)?; // (B, Hkv, rep * L, S)
-    if rep > 1 {
-        scores = scores.reshape(&[b, hkv, rep, l, s])?; // (B, Hkv, rep, L, S)
-    }
+    // Grouped query heads against their key/value head. MLX's fallback broadcasts k and v over a
+    // group axis, (B, Hkv, rep, L, D) against (B, Hkv, 1, S, D), and MLX's CUDA matmul cannot
+    // collapse that batch: unless it takes its matrix-vector kernel (one query position against
+    // keys of a multiple of 32 dims: q kᵀ of a decode step), it launches one cuBLAS product per
+    // row and key/value head (7k launches a step for 32 rows of a 28-layer model). So the group is
+    // folded into the query positions, (B, Hkv, rep * L, D) against (B, Hkv, S, D), one batched
+    // product, wherever the broadcast would not be one launch anyway. The same dot products.
+    let d = q.dim(-1);
+    let mut scores = if rep > 1 && l == 1 && d % 32 == 0 {
+        q.reshape(&[b, hkv, rep, l, d])?.matmul(&k.expand_dims(&[2])?.swapaxes(-1, -2)?)? // (B, Hkv, rep, L, S)
+    } else if rep > 1 {
+        q.reshape(&[b, hkv, rep * l, d])?.matmul(&k.swapaxes(-1, -2)?)?.reshape(&[b, hkv, rep, l, s])? // (B, Hkv, rep, L, S)
+    } else {
+        q.matmul(&k.swapaxes(-1, -2)?)? // (B, H, L, S)
+    };
     let min = Array::scalar(scores.dtype().finfo_min(), scores.dtype())?;
     let as_scores = |m: Array| -> Result<Array> {
         // A (B|1, Hq|1, L, S) mask against (B, Hkv, rep, L, S) scores.
@@ -165,8 +168,11 @@ mod tests {
 
     #[test]
     fn composed_attention_equals_mlx_s() {
-        for (hq, hkv, l, s) in [(4, 4, 5, 5), (4, 2, 3, 11), (6, 2, 8, 8), (4, 1, 2, 40), (4, 2, 1, 9), (12, 4, 1, 7), (6, 2, 5, 9)] {
-            let (q, k, v) = (rand(&[2, hq, l, 16], 1), rand(&[2, hkv, s, 16], 2), rand(&[2, hkv, s, 8], 3));
+        // (query heads, kv heads, query positions, keys, head dims): 32 dims and one position take
+        // the broadcast scores (MLX's matrix-vector kernel on CUDA), the others the folded ones.
+        let cases = [(4, 4, 5, 5, 16), (4, 2, 3, 11, 16), (6, 2, 8, 8, 16), (4, 1, 2, 40, 16), (4, 2, 1, 9, 16), (12, 4, 1, 7, 32), (6, 2, 1, 9, 32), (6, 2, 5, 9, 32)];
+        for (hq, hkv, l, s, d) in cases {
+            let (q, k, v) = (rand(&[2, hq, l, d], 1), rand(&[2, hkv, s, d], 2), rand(&[2, hkv, s, 8], 3));
             let bool_mask = rand(&[2, 1, l, s], 4).gt_scalar(-0.3).unwrap();
             let add_mask = rand(&[1, hq, l, s], 5);
             for mask in [Mask::None, Mask::Causal, Mask::Array(&bool_mask), Mask::Array(&add_mask)] {
