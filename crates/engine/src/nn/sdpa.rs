@@ -81,7 +81,7 @@ fn composed_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_
 fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>, bucket: i32) -> Result<Array> {
     let (b, hq, hkv, s, l) = (q.dim(0), q.dim(1), k.dim(1), k.dim(2), q.dim(2));
     let rep = hq / hkv;
-    let mut q = q.mul(&Array::scalar(f64::from(scale), q.dtype())?)?;
+    let q = q.mul(&Array::scalar(f64::from(scale), q.dtype())?)?;
     let (mut k, mut v) = (k.clone(), v.clone());
     // Keys (and values) padded with zeros to the bucket: (B, Hkv, S + pad, D); the padded columns
     // are masked below.
