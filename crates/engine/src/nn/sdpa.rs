@@ -17,6 +17,10 @@ use mlx::fast::{self, Mask};
 use mlx::{ops, Array, Dtype};
 use std::sync::atomic::{AtomicI32, Ordering};
 
+/// Score elements (B x Hq x L x S) up to which attention may be composed: 0.5 GiB in bfloat16,
+/// as much again for the softmax.
+const COMPOSED_MAX_SCORES: i64 = 1 << 28;
+
 /// Query positions up to which the GPU uses the composed attention; 0 until the GPU is chosen.
 static COMPOSED_MAX: AtomicI32 = AtomicI32::new(0);
 
@@ -52,10 +56,15 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Resu
     // One position with an array mask (a batch of rows of different lengths) would also go to
     // cuDNN, with a graph per cache length, i.e. per step; one position without one takes MLX's
     // vector kernel, which needs nothing per shape.
-    let composed = match mask {
-        Mask::Array(_) => l <= max,
-        _ => l > 1 && l <= max,
-    };
+    // The composed attention holds its scores (B, Hq, L, S) and their softmax; past
+    // COMPOSED_MAX_SCORES (a server's 2048-position chunk deep into a long prompt) MLX's own kernel
+    // takes it, graph build and all, rather than gigabytes of scores per layer.
+    let scores = i64::from(q.dim(0)) * i64::from(q.dim(1)) * i64::from(l) * i64::from(k.dim(2));
+    let composed = scores <= COMPOSED_MAX_SCORES
+        && match mask {
+            Mask::Array(_) => l <= max,
+            _ => l > 1 && l <= max,
+        };
     if !composed {
         return Ok(fast::sdpa(q, k, v, scale, mask)?);
     }
