@@ -81,8 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..steps {
             engine.step()?;
         }
-        let dt = t0.elapsed().as_secs_f64();
-        let dt = dt / f64::from(steps);
+        let dt = t0.elapsed().as_secs_f64() / f64::from(steps);
         let trace = engine.take_trace().map(|t| format!("; {}", t.summary())).unwrap_or_default();
         println!("batch {b:3}: {:.2} ms per step, {:.0} tok/s{trace}", 1e3 * dt, b as f64 / dt);
     }

@@ -181,9 +181,9 @@ impl TokenConstraint for GuidanceConstraint {
     /// cleared.
     fn allowed_bits(&mut self, vocab: usize) -> engine::Result<Vec<u32>> {
         let Some(mask) = self.mask() else { return Ok(engine::sample::constraint::pack_bits(&self.eos_only(vocab))) };
-        let mut words = vec![0u32; vocab.div_ceil(32)];
+        let mut words = vec![0u32; engine::sample::constraint::mask_words(vocab)];
         let known = self.vocab.min(vocab);
-        for (w, &m) in words.iter_mut().zip(mask.as_slice()).take(known.div_ceil(32)) {
+        for (w, &m) in words.iter_mut().zip(mask.as_slice()).take(engine::sample::constraint::mask_words(known)) {
             *w = m;
         }
         if !known.is_multiple_of(32) {
@@ -311,7 +311,7 @@ mod tests {
         let (a, b, c_, z) = (u32::from(b'a'), u32::from(b'b'), u32::from(b'c'), u32::from(b'z'));
         // a, b allowed in turn; z refused after "ab": its row and the ones after repeat "ab"'s mask.
         let m = engine::sample::constraint::draft_masks(&mut c, &[a, b, z, c_], 260).expect("masks");
-        let per_row = 260usize.div_ceil(32);
+        let per_row = engine::sample::constraint::mask_words(260);
         assert_eq!(m.len(), 5 * per_row);
         let row = |i: usize| engine::sample::constraint::unpack_bits(&m[i * per_row..(i + 1) * per_row], 260);
         assert!(row(0)[a as usize] && !row(0)[b as usize]);

@@ -22,22 +22,27 @@ pub trait TokenConstraint: Send {
     fn rollback(&mut self, n: usize) -> Result<()>;
     /// Why the constraint ended generation early (it dead-ended or rejected a token), if it did.
     fn note(&self) -> Option<String>;
-    /// [`TokenConstraint::allowed`] packed as [`pack_bits`] packs it (`vocab.div_ceil(32)` words):
+    /// [`TokenConstraint::allowed`] packed as [`pack_bits`] packs it ([`mask_words`] words):
     /// a thirty-second of the flags to build on the CPU and to send to the device.
     fn allowed_bits(&mut self, vocab: usize) -> Result<Vec<u32>> {
         Ok(pack_bits(&self.allowed(vocab)?))
     }
 }
 
+/// Words a packed mask of `vocab` tokens takes ([`pack_bits`]).
+pub fn mask_words(vocab: usize) -> usize {
+    vocab.div_ceil(32)
+}
+
 /// Token flags as words: bit `t % 32` of word `t / 32` is token t's flag (the layout of
-/// llguidance's token sets); `flags.len().div_ceil(32)` words.
+/// llguidance's token sets); [`mask_words`] of `flags.len()` words.
 pub fn pack_bits(flags: &[bool]) -> Vec<u32> {
     flags.chunks(32).map(|c| c.iter().enumerate().fold(0u32, |w, (i, &f)| w | (u32::from(f) << i))).collect()
 }
 
 /// The first `vocab` flags of words packed by [`pack_bits`].
 pub fn unpack_bits(words: &[u32], vocab: usize) -> Vec<bool> {
-    (0..vocab).map(|t| words.get(t / 32).is_some_and(|w| (w >> (t % 32)) & 1 == 1)).collect()
+    (0..vocab as u32).map(|t| bit_is_set(words, t)).collect()
 }
 
 thread_local! {
@@ -46,12 +51,12 @@ thread_local! {
     static UNPACK: std::cell::RefCell<Option<(i32, Array, Array)>> = const { std::cell::RefCell::new(None) };
 }
 
-/// `logits` (rows, vocab) with every token the packed masks `words` (rows x `vocab.div_ceil(32)`
+/// `logits` (rows, vocab) with every token the packed masks `words` (rows x [`mask_words`]
 /// words, row after row, see [`pack_bits`]) do not allow set to -inf; the bits are unpacked on the
 /// device (a word gathered per token, divided by its bit's value, modulo 2).
 pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
     let (rows, vocab) = (logits.dim(0), logits.dim(-1));
-    let per_row = (vocab as usize).div_ceil(32);
+    let per_row = mask_words(vocab as usize);
     if logits.ndim() != 2 || words.len() != rows as usize * per_row {
         return Err(EngineError::Invalid(format!("a packed token mask of {} words for logits of shape {:?}", words.len(), logits.shape())));
     }
@@ -69,16 +74,6 @@ pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
     let mask = packed.take(&word_of, 1)?.floor_divide(&bit)?.remainder_scalar(2.0)?.ne_scalar(0.0)?; // (rows, vocab)
     let neg_inf = Array::scalar(f64::NEG_INFINITY, logits.dtype())?;
     Ok(ops::where_(&mask, logits, &neg_inf)?)
-}
-
-/// `logits` (rows, vocab) with every token `allowed` (rows * vocab flags, row after row) does not
-/// name set to -inf (in the logits' dtype).
-pub fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array> {
-    let (rows, vocab) = (logits.dim(0), logits.dim(-1));
-    if logits.ndim() != 2 || allowed.len() != (rows * vocab) as usize {
-        return Err(EngineError::Invalid(format!("a token mask of {} entries for logits of shape {:?}", allowed.len(), logits.shape())));
-    }
-    apply_mask_bits(logits, &allowed.chunks(vocab as usize).flat_map(pack_bits).collect::<Vec<_>>())
 }
 
 /// Commits each row's chosen token to its constraint and computes the row's next mask (packed, see
@@ -115,11 +110,11 @@ pub fn bit_is_set(words: &[u32], t: u32) -> bool {
 
 /// The masks of a speculative round's positions (the pending token's, then one after each draft
 /// token), `drafted.len() + 1` rows of `vocab` flags packed as [`pack_bits`] packs them
-/// (`vocab.div_ceil(32)` words a row), from `c` advanced along the drafts while it allows them;
+/// ([`mask_words`] a row), from `c` advanced along the drafts while it allows them;
 /// past a draft it refuses, the rows repeat the last mask (that draft is rejected at its
 /// position, so they are never used). `c` is left as it was.
 pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -> Result<Vec<u32>> {
-    let per_row = vocab.div_ceil(32);
+    let per_row = mask_words(vocab);
     let mut masks = Vec::with_capacity((drafted.len() + 1) * per_row);
     let mut last = c.allowed_bits(vocab)?;
     let mut committed = 0;
@@ -143,6 +138,16 @@ pub fn draft_masks(c: &mut dyn TokenConstraint, drafted: &[u32], vocab: usize) -
 mod tests {
     use super::*;
     use mlx::Dtype;
+
+    /// `logits` (rows, vocab) with every token `allowed` (rows * vocab flags, row after row) does
+    /// not name set to -inf (in the logits' dtype): the flags packed, then [`apply_mask_bits`].
+    fn apply_mask(logits: &Array, allowed: &[bool]) -> Result<Array> {
+        let (rows, vocab) = (logits.dim(0), logits.dim(-1));
+        if logits.ndim() != 2 || allowed.len() != (rows * vocab) as usize {
+            return Err(EngineError::Invalid(format!("a token mask of {} entries for logits of shape {:?}", allowed.len(), logits.shape())));
+        }
+        apply_mask_bits(logits, &allowed.chunks(vocab as usize).flat_map(pack_bits).collect::<Vec<_>>())
+    }
 
     /// Allows the tokens that differ from the last committed one; refuses token 99.
     struct NotAgain(Option<u32>);
@@ -206,7 +211,7 @@ mod tests {
         let (rows, vocab) = (3usize, 77usize);
         let flags: Vec<bool> = (0..rows * vocab).map(|i| (i * 7919 + i / 5) % 3 != 0).collect();
         let words: Vec<u32> = flags.chunks(vocab).flat_map(pack_bits).collect();
-        assert_eq!(words.len(), rows * vocab.div_ceil(32));
+        assert_eq!(words.len(), rows * mask_words(vocab));
         for (r, chunk) in flags.chunks(vocab).enumerate() {
             assert_eq!(unpack_bits(&words[r * 3..r * 3 + 3], vocab), chunk);
         }

@@ -56,7 +56,7 @@ pub fn sample_rows(rows: &mut [RowSampling<'_>], logits: &Array) -> Result<Sampl
     let vocab = logits.dim(-1);
     let shared_logits = match rows.iter().any(|r| r.allowed.is_some()) {
         true => {
-            let all = vec![u32::MAX; (vocab as usize).div_ceil(32)];
+            let all = vec![u32::MAX; constraint::mask_words(vocab as usize)];
             constraint::apply_mask_bits(logits, &rows.iter().flat_map(|r| r.allowed.unwrap_or(&all).iter().copied()).collect::<Vec<_>>())?
         }
         false => logits.clone(),

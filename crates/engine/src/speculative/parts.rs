@@ -94,7 +94,7 @@ pub(super) fn step_padded(
         // All positions in one sampler call (one random draw for all of them).
         return sampler.process_and_sample_masked(&logits.squeeze(&[0])?, None, keys, masks);
     }
-    let per_row = (logits.dim(-1) as usize).div_ceil(32);
+    let per_row = crate::sample::constraint::mask_words(logits.dim(-1) as usize);
     let mut y = input.slice_axis(0, 0, len - (n_predict - 1))?;
     let (mut ys, mut lps) = (Vec::new(), Vec::new());
     for i in 0..n_predict {
