@@ -248,6 +248,11 @@ memory)
   done
   echo "== llama-3.2-3b p4096 mlx-lm MLX_CUDA_USE_CUDNN_SDPA=0: $(MLX_CUDA_USE_CUDNN_SDPA=0 MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p 4096 -g 16 -n 1 | med)"
   echo "== llama-3.2-3b p4096 mlx-gen --prefill-step-size 512: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 1 --prefill-step-size 512 --memory 2>&1 | grep '^Memory')"
+  # One chunk (no cache offset) against two, in both tools, and one 4095-position chunk: is the excess the second
+  # chunk's attention over a cache it did not write?
+  echo "== llama-3.2-3b p2048 mlx-gen: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 2048 -g 16 -n 1 --memory 2>&1 | grep '^Memory')"
+  echo "== llama-3.2-3b p2048 mlx-lm:  $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p 2048 -g 16 -n 1 | med)"
+  echo "== llama-3.2-3b p4096 mlx-gen --prefill-step-size 4096: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 1 --prefill-step-size 4096 --memory 2>&1 | grep '^Memory')"
   ;;
 realspec)
   # Issue 19 with real weights: Qwen2.5-Coder-0.5B-Instruct (stage-real-models.sh's 4-bit folder, the draft)
@@ -298,6 +303,10 @@ next)
     MLX_GEN_TRACE=1 timeout 200 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 8,32 \
         --max-tokens 128 --rounds 2 --server-log "$out/next-$(basename "$d")" | tail -8
     grep -E "^trace: engine" "$out/next-$(basename "$d").mlx-gen.log" | tail -2
+    echo "== $(basename "$d"): mlx-gen with MLX_GEN_KEY_BUCKET=256 at 8 and 32 streams, 1 round"
+    MLX_GEN_KEY_BUCKET=256 MLX_GEN_TRACE=1 timeout 120 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
+        --model "$d" --concurrency 8,32 --max-tokens 128 --rounds 1 --server-log "$out/next-kb-$(basename "$d")" | tail -3
+    grep -E "^trace: engine" "$out/next-kb-$(basename "$d").mlx-gen.log" | tail -1
   done
   d35=$(shape_dir qwen3.5-2b)
   for nf in 0 1; do
