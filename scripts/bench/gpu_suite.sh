@@ -9,7 +9,8 @@
 #   gpu_suite.sh serve  server load at 1/8/32 streams vs mlx_lm.server (issue 7); 2 ranks over ring on one GPU (issue 11)
 #   gpu_suite.sh serving  issue 20 item 1: server load at 1/8/32 streams vs mlx_lm.server on the Qwen3-0.6B and
 #                       Llama-3.2-3B shapes (2 rounds), mlx-gen with MLX_GEN_TRACE (its stage split kept in
-#                       $OUT/serving-SHAPE.mlx-gen.log), then (PS2048=1) mlx-gen alone with --prefill-step-size 2048
+#                       $OUT/serving-SHAPE.mlx-gen.log), then (KB=N) mlx-gen alone with MLX_GEN_KEY_BUCKET=N at 8/32
+#                       streams, (PS2048=1) mlx-gen alone with --prefill-step-size 2048
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
@@ -31,7 +32,7 @@
 #                       length and step budget (batch_step_cost --prefill)
 #   gpu_suite.sh next   what was built after the sixth lease: the folded composed attention (the batch step at
 #                       1/8/32 rows on both dense shapes, a verification round, the server at 8/32 streams against
-#                       mlx_lm.server), MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
+#                       mlx_lm.server: `serving`), MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -117,6 +118,12 @@ serving)
     env $tuned MLX_GEN_TRACE=1 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
         --max-tokens 128 --rounds ${ROUNDS:-2} --server-log "$out/serving-$s" --out "$out/serving-$s.json"
     grep -E '^trace:|warmed up' "$out/serving-$s.mlx-gen.log" | tail -8
+    if [ -n "${KB:-}" ]; then
+      echo "== $s: mlx-gen with MLX_GEN_KEY_BUCKET=$KB at 8 and 32 streams, 1 round"
+      MLX_GEN_KEY_BUCKET=$KB MLX_GEN_TRACE=1 timeout 120 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
+          --model "$d" --concurrency 8,32 --max-tokens 128 --rounds 1 --server-log "$out/serving-kb-$s" | tail -3
+      grep -E "^trace: engine" "$out/serving-kb-$s.mlx-gen.log" | tail -1
+    fi
     [ -n "${PS2048:-}" ] || continue
     echo "== $s: mlx-gen --prefill-step-size 2048"
     env $tuned python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
@@ -289,8 +296,8 @@ next)
   # query-head group folded into the query positions (it broadcast k/v, which MLX's CUDA matmul ran as one cuBLAS
   # product per row and kv head): the batch step at 1/8/32 rows on both dense shapes (sixth lease, Qwen3-0.6B:
   # 3.74 / 5.74 / 11.72 ms) and with MLX_GEN_KEY_BUCKET=256; a verification round (Llama-3.2-3B drafting for
-  # itself, K=4: verify 11.1-11.6 ms against 3.3-3.7 for a plain step at the third lease); the server at 32 streams;
-  # MLX_GEN_GDN_NOFMA's fidelity.
+  # itself, K=4: verify 11.1-11.6 ms against 3.3-3.7 for a plain step at the third lease); MLX_GEN_GDN_NOFMA's
+  # fidelity. The server's figures: `serving` (KB=256 adds mlx-gen with the key bucket).
   d06=$(shape_dir qwen3-0.6b); d3=$(shape_dir llama-3.2-3b)
   for d in "$d06" "$d3"; do
     echo "== $(basename "$d") batch step"; MLX_GEN_TRACE=1 ./batch_step_cost "$d" 1 8 32
@@ -298,16 +305,6 @@ next)
   done
   echo "== llama-3.2-3b drafting for itself, K=4, every round speculative, MLX_GEN_TRACE=1 (stage split)"
   MLX_GEN_TRACE=1 ./mlx-gen bench -n 3 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^(Averages|Speculative|trace)"
-  for d in "$d06" "$d3"; do
-    echo "== $(basename "$d"): mlx-gen and mlx_lm.server at 8 and 32 streams, 128 tokens, 2 rounds"
-    MLX_GEN_TRACE=1 timeout 200 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 8,32 \
-        --max-tokens 128 --rounds 2 --server-log "$out/next-$(basename "$d")" | tail -8
-    grep -E "^trace: engine" "$out/next-$(basename "$d").mlx-gen.log" | tail -2
-    echo "== $(basename "$d"): mlx-gen with MLX_GEN_KEY_BUCKET=256 at 8 and 32 streams, 1 round"
-    MLX_GEN_KEY_BUCKET=256 MLX_GEN_TRACE=1 timeout 120 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
-        --model "$d" --concurrency 8,32 --max-tokens 128 --rounds 1 --server-log "$out/next-kb-$(basename "$d")" | tail -3
-    grep -E "^trace: engine" "$out/next-kb-$(basename "$d").mlx-gen.log" | tail -1
-  done
   d35=$(shape_dir qwen3.5-2b)
   for nf in 0 1; do
     echo "== qwen3.5-2b GPU tokens against mlx-lm's, the recurrence kernel with MLX_GEN_GDN_NOFMA=$nf (1: no FMAs)"
