@@ -21,7 +21,8 @@
 #                       every draft accepted, with MLX_GEN_TRACE's stage split), prompt lookup on the code-editing
 #                       prompt and on a random one (the fallback), each against plain decoding in the same bench run
 #   gpu_suite.sh constrained  JSON-schema decoding vs free, CLI and server at 1/8 streams (issue 21); $TOK = a
-#                       folder with Qwen2.5's tokenizer.json + tokenizer_config.json (default /tmp/tok)
+#                       folder with Qwen2.5's tokenizer.json + tokenizer_config.json (default /tmp/tok); CLI_ROUNDS,
+#                       SERVER_ROUNDS ("" skips that half)
 #   gpu_suite.sh stall  issue 20 item 2: 10 rounds of 8 streams (long prompts mixed in), worst vs median round TTFT
 #   gpu_suite.sh memory issue 22 item 4: peak memory of both tools at prompt 4096 (Llama-3.2-3B) and 512 (Qwen3-0.6B),
 #                       then mlx-gen's `bench --memory` breakdown
@@ -221,7 +222,7 @@ constrained)
     echo "round $r free:        $(./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json | tps)"
     echo "round $r json schema: $(./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json --json-schema /tmp/schema.json | tps)"
   done
-  for r in 1 2; do
+  for r in ${SERVER_ROUNDS-1 2}; do
     timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --out "$out/serve_free_$r.json" | tail -4
     timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --json-schema /tmp/schema.json --out "$out/serve_schema_$r.json" | tail -4
   done
