@@ -150,6 +150,22 @@ impl Attention {
         Ok((q, k, v))
     }
 
+    /// The fused projection's output y (B, L, (heads + 2 kv_heads) * D) -> queries and keys after
+    /// RoPE and values, each (B, n, L, D), for layers without q/k norms: the query and key heads
+    /// lie side by side in y, so one RoPE call turns both (RoPE is the same function of each
+    /// head's own values and position, so the result is the two calls' to the bit), one kernel a
+    /// layer less than rotating them apart.
+    fn fused_roped(&self, y: &Array, rope: &Rope, cache: &dyn KvCache, b: i32, l: i32) -> Result<(Array, Array, Array)> {
+        let (h, kvh) = (self.n_heads, self.n_kv_heads);
+        let y = if l == 1 {
+            y.reshape(&[b, h + 2 * kvh, 1, -1])? // (B, 1, n * D) is (B, n, 1, D) in memory
+        } else {
+            y.reshape(&[b, l, h + 2 * kvh, -1])?.transpose(&[0, 2, 1, 3])? // (B, n, L, D)
+        };
+        let qk = rope.forward_cached(&y.slice_axis(1, 0, h + kvh)?, cache)?; // (B, heads + kv_heads, L, D)
+        Ok((qk.slice_axis(1, 0, h)?, qk.slice_axis(1, h, h + kvh)?, y.slice_axis(1, h + kvh, h + 2 * kvh)?))
+    }
+
     /// x (B, L, hidden) -> (B, L, hidden)
     pub fn forward(&self, x: &Array, mask: Mask<'_>, cache: &mut dyn KvCache) -> Result<Array> {
         self.forward_scaled(x, mask, cache, None)
@@ -174,25 +190,31 @@ impl Attention {
                 }
             }
         };
-        let (queries, keys, values) = match &self.qkv {
-            Qkv::Separate { q, k, v } => (
-                heads(q.forward(x)?, self.n_heads, &self.q_norm)?,
-                heads(k.forward(x)?, self.n_kv_heads, &self.k_norm)?,
-                heads(v.forward(x)?, self.n_kv_heads, &None)?,
-            ),
-            Qkv::Fused(f) => self.split_fused(&f.forward(x)?, b, l)?,
-        };
-
         let plain = |t: Array, after: bool| -> Result<Array> {
             match self.plain_qk_norm {
                 Some(n) if n.after_rope == after => Ok(mlx::fast::rms_norm(&t, None, n.eps)?),
                 _ => Ok(t),
             }
         };
-        let (queries, keys) = (plain(queries, false)?, plain(keys, false)?);
-        let (queries, keys) = match &self.rope {
-            Some(rope) => (rope.forward_cached(&queries, cache)?, rope.forward_cached(&keys, cache)?),
-            None => (queries, keys),
+        let (queries, keys, values) = match (&self.qkv, &self.rope) {
+            (Qkv::Fused(f), Some(rope)) if self.q_norm.is_none() && self.k_norm.is_none() && self.plain_qk_norm.is_none() => {
+                self.fused_roped(&f.forward(x)?, rope, cache, b, l)?
+            }
+            (qkv, rope) => {
+                let (queries, keys, values) = match qkv {
+                    Qkv::Separate { q, k, v } => (
+                        heads(q.forward(x)?, self.n_heads, &self.q_norm)?,
+                        heads(k.forward(x)?, self.n_kv_heads, &self.k_norm)?,
+                        heads(v.forward(x)?, self.n_kv_heads, &None)?,
+                    ),
+                    Qkv::Fused(f) => self.split_fused(&f.forward(x)?, b, l)?,
+                };
+                let (queries, keys) = (plain(queries, false)?, plain(keys, false)?);
+                match rope {
+                    Some(rope) => (rope.forward_cached(&queries, cache)?, rope.forward_cached(&keys, cache)?, values),
+                    None => (queries, keys, values),
+                }
+            }
         };
         let (queries, keys) = (plain(queries, true)?, plain(keys, true)?);
         let queries = match q_scale {

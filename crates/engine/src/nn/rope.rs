@@ -175,3 +175,48 @@ fn llama3_freqs(dims: i32, base: f64, factor: f64, s: &RopeScaling) -> Result<Ar
     out.eval()?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attention's fused path rotates the query and key heads of one projection in one call
+    /// (`Attention::fused_roped`): that must be the separate calls' result to the bit, for every
+    /// kind of rope, one offset or one per row, one position or several, and heads that are a
+    /// strided slice of a wider array (the fused projection's output).
+    #[test]
+    fn one_call_over_side_by_side_heads_equals_one_call_each() {
+        let llama3 = RopeScaling { rope_type: Some("llama3".into()), factor: Some(32.0), original_max_position_embeddings: Some(8192.0), ..RopeScaling::default() };
+        let yarn = RopeScaling { rope_type: Some("yarn".into()), factor: Some(4.0), original_max_position_embeddings: Some(64.0), mscale: Some(1.0), mscale_all_dim: Some(0.5), ..RopeScaling::default() };
+        let ropes = [
+            Rope::new(16, 10000.0, false, None).unwrap(),
+            Rope::new(16, 10000.0, true, None).unwrap(),
+            Rope::new(16, 500000.0, false, Some(&llama3)).unwrap(),
+            Rope::new(16, 10000.0, false, Some(&yarn)).unwrap(),
+        ];
+        let (h, kvh) = (6, 2);
+        let rows = Array::from_slice(&[3i32, 17], &[2]).unwrap();
+        for (r, rope) in ropes.iter().enumerate() {
+            for l in [1, 5] {
+                // (B, heads + 2 kv_heads, L, D) as the fused projection lays it out; q and k heads first.
+                let k = mlx::random::key(r as u64).unwrap();
+                let y = mlx::random::uniform_with_key(&[2, l, h + 2 * kvh, 16], Dtype::F32, &k).unwrap().transpose(&[0, 2, 1, 3]).unwrap();
+                let (q, kk) = (y.slice_axis(1, 0, h).unwrap(), y.slice_axis(1, h, h + kvh).unwrap());
+                let qk = y.slice_axis(1, 0, h + kvh).unwrap();
+                let same = |a: &Array, b: &Array, what: &str| {
+                    let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+                    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "rope {r}, L {l}: {what} differ");
+                };
+                for offsets in [None, Some(&rows)] {
+                    let turn = |x: &Array| match offsets {
+                        Some(o) => rope.forward_rows(x, o).unwrap(),
+                        None => rope.forward(x, 9).unwrap(),
+                    };
+                    let both = turn(&qk);
+                    same(&both.slice_axis(1, 0, h).unwrap(), &turn(&q), "queries");
+                    same(&both.slice_axis(1, h, h + kvh).unwrap(), &turn(&kk), "keys");
+                }
+            }
+        }
+    }
+}
