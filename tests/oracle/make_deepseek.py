@@ -15,9 +15,6 @@ the next ones mixture-of-experts, YaRN rope. Deterministic (fixed seeds). Writes
 Run with the oracle venv's python (scripts/oracle-venv.sh).
 """
 
-import argparse
-import contextlib
-import io
 import json
 import shutil
 import sys
@@ -29,7 +26,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+from make_models import (  # noqa: E402
+    convert_quietly, fresh_dir, padded_vocab, script_main, start_folder, write_float_variants, write_json)
 
 FLOAT = [
     # V2: no q_lora, group_limited_greedy (4 groups of 2, keep 2), yarn with mscale != mscale_all_dim.
@@ -176,31 +174,20 @@ def make_weights(v, cfg, real_vocab):
     return w
 
 
-def write_float(v, outdir, tokdir, tok_size, ids):
-    import mlx.core as mx
-
-    d = outdir / v["name"]
-    d.mkdir(parents=True)
-    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
-    arrays = {k: mx.array(x) for k, x in make_weights(v, cfg, tok_size).items()}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in tokdir.iterdir():
-        shutil.copy(f, d / f.name)
-    mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+def config_and_weights(v, vocab, tok_size, ids):
+    cfg = make_config(v, vocab, ids)
+    return cfg, make_weights(v, cfg, tok_size)
 
 
 def write_quant(q, outdir):
-    from mlx_lm import convert
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        convert(str(outdir / q["src"]), str(outdir / q["name"]), quantize=True,
-                q_bits=q["bits"], q_group_size=q["group"], dtype=q["dtype"])
+    convert_quietly(outdir / q["src"], outdir / q["name"], quantize=True, q_bits=q["bits"], q_group_size=q["group"],
+                    dtype=q["dtype"])
 
 
 def write_kvb_quant(q, outdir):
     import mlx.core as mx
 
-    src, dst = outdir / q["src"], outdir / q["name"]
+    src, dst = outdir / q["src"], fresh_dir(outdir / q["name"], create=False)
     shutil.copytree(src, dst)
     weights = mx.load(str(src / "model.safetensors"))
     out = {}
@@ -214,7 +201,7 @@ def write_kvb_quant(q, outdir):
     mx.save_safetensors(str(dst / "model.safetensors"), out, metadata={"format": "pt"})
     cfg = json.loads((dst / "config.json").read_text())
     cfg["quantization"] = {"group_size": q["group"], "bits": q["bits"]}
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_json(dst / "config.json", cfg)
 
 
 def save_raw(path, tensors):
@@ -268,9 +255,7 @@ def to_packed_int4(w, group=32):
 
 
 def write_published(v, outdir, tokdir, tok_size, ids):
-    d = outdir / v["name"]
-    d.mkdir(parents=True)
-    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
+    cfg = make_config(v, padded_vocab(tok_size), ids)
     tensors = {}
     for k, w in make_weights(v, cfg, tok_size).items():
         if v is FP8 and is_projection(k):
@@ -295,55 +280,26 @@ def write_published(v, outdir, tokdir, tok_size, ids):
                 "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}},
             "ignore": ["lm_head"],
         }
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in tokdir.iterdir():
-        shutil.copy(f, d / f.name)
+    d = start_folder(outdir / v["name"], cfg, tokdir)
     save_raw(d / "model.safetensors", tensors)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    args = ap.parse_args()
-
-    import mlx.core as mx
-
-    mx.set_default_device(mx.cpu)
-    outdir = Path(args.outdir).resolve()
-    outdir.mkdir(parents=True, exist_ok=True)
-    tokdir = outdir / "_tokenizer"
-    if tokdir.exists():
-        shutil.rmtree(tokdir)
-    make_tokenizer(tokdir, "bpe")
-    tok_size, ids = tokenizer_info(tokdir)
-    info = {}
-    for v in FLOAT:
-        if (outdir / v["name"]).exists():
-            shutil.rmtree(outdir / v["name"])
-        write_float(v, outdir, tokdir, tok_size, ids)
-        info[v["name"]] = dict(kind="float", arch=v["arch"], dtype="float32")
+def build(outdir, tokenizers, args):
+    tokdir, tok_size, ids = tok = tokenizers()
+    info = write_float_variants(outdir, tok, FLOAT, config_and_weights)
     for q in QUANT:
-        if (outdir / q["name"]).exists():
-            shutil.rmtree(outdir / q["name"])
         write_quant(q, outdir)
         info[q["name"]] = dict(kind="quantized", arch=info[q["src"]]["arch"],
                                dtype=q["dtype"], bits=q["bits"], group_size=q["group"], src=q["src"])
     q = KVB_QUANT
-    if (outdir / q["name"]).exists():
-        shutil.rmtree(outdir / q["name"])
     write_kvb_quant(q, outdir)
     info[q["name"]] = dict(kind="quantized", arch="deepseek_v3", dtype="float32", bits=q["bits"],
                            group_size=q["group"], src=q["src"])
     for v, kind in [(FP8, "fp8"), (INT4, "int4")]:
-        if (outdir / v["name"]).exists():
-            shutil.rmtree(outdir / v["name"])
         write_published(v, outdir, tokdir, tok_size, ids)
         info[v["name"]] = dict(kind=kind, arch=v["arch"], dtype="float32")
-    shutil.rmtree(tokdir)
-    for name in sorted(info):
-        print(name)
-    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
 
 
 if __name__ == "__main__":
-    main()
+    script_main(build)

@@ -21,11 +21,7 @@ as DeepSeek publishes it (its names, FP8 projections with 32x32 tile scales, FP4
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
-import argparse
-import contextlib
-import io
 import json
-import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -36,7 +32,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from make_deepseek import save_raw, to_fp8_blocks  # noqa: E402
-from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+from make_models import (  # noqa: E402
+    convert_quietly, copy_tokenizer, fresh_dir, padded_vocab, script_main, start_folder, write_float_folder,
+    write_json)
 
 HIDDEN, INTER, MOE_INTER, HEADS, LAYERS = 64, 96, 32, 4, 3
 KV_LORA, NOPE, ROPE, VHEAD, Q_LORA = 32, 32, 32, 32, 32
@@ -258,7 +256,7 @@ def write_v41_published(v, src, d):
     cfg = json.loads((src / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                                   "weight_block_size": [32, 32], "activation_scheme": "dynamic"}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_json(d / "config.json", cfg)
     save_raw(d / "model.safetensors", tensors)
 
 
@@ -276,75 +274,35 @@ def mixed_predicate(path, module):
     return True
 
 
-def copy_tokenizer(tokdir, d):
-    for f in tokdir.iterdir():
-        shutil.copy(f, d / f.name)
-
-
-def fresh(d):
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
-    return d
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    args = ap.parse_args()
-
-    import mlx.core as mx
-    from mlx_lm import convert
-
-    mx.set_default_device(mx.cpu)
-    outdir = Path(args.outdir).resolve()
-    outdir.mkdir(parents=True, exist_ok=True)
-    tokdir = outdir / "_tokenizer"
-    if tokdir.exists():
-        shutil.rmtree(tokdir)
-    make_tokenizer(tokdir, "bpe")
-    tok_size, ids = tokenizer_info(tokdir)
-    vocab = (tok_size + 63) // 64 * 64
+def build(outdir, tokenizers, args):
+    tokdir, tok_size, ids = tokenizers()
+    vocab = padded_vocab(tok_size)
     info = {}
     for v in V32:
-        d = fresh(outdir / v["name"])
         cfg = v32_config(v, vocab, ids)
-        (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        copy_tokenizer(tokdir, d)
-        arrays = {k: mx.array(x) for k, x in v32_weights(v, cfg, tok_size).items()}
-        mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+        write_float_folder(outdir / v["name"], cfg, v32_weights(v, cfg, tok_size), tokdir)
         info[v["name"]] = dict(kind="float", arch="deepseek_v32", dtype="float32")
     src = outdir / "dsv32-f32"
     for name, dtype, pred in [("dsv32-q4g32", "float32", None), ("dsv32-q4g32-bf16", "bfloat16", None),
                               ("dsv32-mixed", "float32", mixed_predicate)]:
-        if (outdir / name).exists():
-            shutil.rmtree(outdir / name)
-        with contextlib.redirect_stdout(io.StringIO()):
-            convert(str(src), str(outdir / name), quantize=True, q_bits=4, q_group_size=32, dtype=dtype,
-                    quant_predicate=pred)
+        convert_quietly(src, outdir / name, quantize=True, q_bits=4, q_group_size=32, dtype=dtype,
+                        quant_predicate=pred)
         info[name] = dict(kind="mixed" if pred else "quantized", arch="deepseek_v32", dtype=dtype, bits=4,
                           group_size=32, src="dsv32-f32")
 
     for v in V41:
-        d = fresh(outdir / v["name"])
         cfg = v41_config(v, vocab, ids)
-        (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        copy_tokenizer(tokdir, d)
-        mx.save_safetensors(str(d / "model.safetensors"), v41_weights(v, cfg), metadata={"format": "mlx"})
+        write_float_folder(outdir / v["name"], cfg, v41_weights(v, cfg), tokdir, fmt="mlx")
         info[v["name"]] = dict(kind="float", arch="deepseek_v41", dtype="float32")
-    if (outdir / "dsv41-q4g32").exists():
-        shutil.rmtree(outdir / "dsv41-q4g32")
-    with contextlib.redirect_stdout(io.StringIO()):
-        convert(str(outdir / "dsv41-f32"), str(outdir / "dsv41-q4g32"), quantize=True, q_bits=4, q_group_size=32,
-                dtype="float32")
+    convert_quietly(outdir / "dsv41-f32", outdir / "dsv41-q4g32", quantize=True, q_bits=4, q_group_size=32,
+                    dtype="float32")
     info["dsv41-q4g32"] = dict(kind="quantized", arch="deepseek_v41", dtype="float32", bits=4, group_size=32,
                                src="dsv41-f32")
-    d = fresh(outdir / "dsv41-fp8")
+    d = fresh_dir(outdir / "dsv41-fp8")
     write_v41_published(V41[0], outdir / "dsv41-f32", d)
     copy_tokenizer(tokdir, d)
     info["dsv41-fp8"] = dict(kind="fp8", arch="deepseek_v41", dtype="float32")
 
-    d = fresh(outdir / FP8["name"])
     cfg = v32_config(FP8, vocab, ids)
     tensors = {}
     for k, w in v32_weights(FP8, cfg, tok_size, mtp=True).items():
@@ -356,16 +314,11 @@ def main():
             tensors[k] = (w, "F32")
     cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                   "weight_block_size": [128, 128]}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    copy_tokenizer(tokdir, d)
+    d = start_folder(outdir / FP8["name"], cfg, tokdir)
     save_raw(d / "model.safetensors", tensors)
     info[FP8["name"]] = dict(kind="fp8", arch="deepseek_v32", dtype="float32")
-
-    shutil.rmtree(tokdir)
-    for name in sorted(info):
-        print(name)
-    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
 
 
 if __name__ == "__main__":
-    main()
+    script_main(build)

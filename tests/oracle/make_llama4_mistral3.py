@@ -23,11 +23,6 @@ ministral3 and llama4 a bfloat16 4-bit one (NAME-q4-bf16: the query scales' cast
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
-import argparse
-import contextlib
-import io
-import json
-import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -37,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+from make_models import convert_quietly, padded_vocab, script_main, write_float_folder  # noqa: E402
 
 H, HEADS, KV, HD, INTER = 64, 4, 2, 32, 96
 FLOAT = ["ministral3-f32", "mistral3-f32", "llama4_text-f32", "llama4-f32"]
@@ -146,61 +141,27 @@ def mixed_predicate(path, module):
     return not path.endswith("lm_head")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    args = ap.parse_args()
-
-    import mlx.core as mx
-    from mlx_lm import convert
-
-    mx.set_default_device(mx.cpu)
-    outdir = Path(args.outdir).resolve()
-    outdir.mkdir(parents=True, exist_ok=True)
-    tokdir = outdir / "_tokenizer"
-    if tokdir.exists():
-        shutil.rmtree(tokdir)
-    make_tokenizer(tokdir, "bpe")
-    tok_size, ids = tokenizer_info(tokdir)
-    vocab = (tok_size + 63) // 64 * 64
+def build(outdir, tokenizers, args):
+    tokdir, tok_size, ids = tokenizers()
+    vocab = padded_vocab(tok_size)
     info = {}
     for name in FLOAT:
-        d = outdir / name
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps(configs(name, vocab, ids), indent=2) + "\n")
-        for f in tokdir.iterdir():
-            shutil.copy(f, d / f.name)
-        arrays = {k: mx.array(x) for k, x in weights(name, vocab, tok_size).items()}
-        mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+        d = write_float_folder(outdir / name, configs(name, vocab, ids), weights(name, vocab, tok_size), tokdir)
         info[name] = dict(kind="float", dtype="float32")
         q = name.replace("-f32", "-q4")
-        if (outdir / q).exists():
-            shutil.rmtree(outdir / q)
-        with contextlib.redirect_stdout(io.StringIO()):
-            convert(str(d), str(outdir / q), quantize=True, q_bits=4, q_group_size=32, dtype="float32")
+        convert_quietly(d, outdir / q, quantize=True, q_bits=4, q_group_size=32, dtype="float32")
         info[q] = dict(kind="quantized", dtype="float32", bits=4, group_size=32, src=name)
         if name in ("ministral3-f32", "llama4-f32"):
             b = name.replace("-f32", "-q4-bf16")
-            if (outdir / b).exists():
-                shutil.rmtree(outdir / b)
-            with contextlib.redirect_stdout(io.StringIO()):
-                convert(str(d), str(outdir / b), quantize=True, q_bits=4, q_group_size=32, dtype="bfloat16")
+            convert_quietly(d, outdir / b, quantize=True, q_bits=4, q_group_size=32, dtype="bfloat16")
             info[b] = dict(kind="quantized", dtype="bfloat16", bits=4, group_size=32, src=name)
         if name in ("mistral3-f32", "llama4-f32"):
             m = name.replace("-f32", "-mixed")
-            if (outdir / m).exists():
-                shutil.rmtree(outdir / m)
-            with contextlib.redirect_stdout(io.StringIO()):
-                convert(str(d), str(outdir / m), quantize=True, q_bits=4, q_group_size=32, dtype="float32",
-                        quant_predicate=mixed_predicate)
+            convert_quietly(d, outdir / m, quantize=True, q_bits=4, q_group_size=32, dtype="float32",
+                            quant_predicate=mixed_predicate)
             info[m] = dict(kind="quantized", dtype="float32", bits=4, group_size=32, src=name)
-    shutil.rmtree(tokdir)
-    for name in sorted(info):
-        print(name)
-    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
 
 
 if __name__ == "__main__":
-    main()
+    script_main(build)

@@ -12,11 +12,16 @@ Each variant becomes OUTDIR/NAME, a real on-disk model folder:
     on-disk format is exactly mlx-lm's.
 Everything is deterministic (fixed seeds).  Prints one line per variant produced and writes
 OUTDIR/variants.json describing them.  Run with the oracle venv's python (scripts/oracle-venv.sh).
+
+Also the shared frame of the other make_*.py scripts (see "Shared by the make_*.py scripts" below):
+their command line and set-up (`script_main`), their tokenizer (`Tokenizers`) and the writers of
+a model folder (`write_float_folder`, `start_folder`, `convert_quietly`, ...).
 """
 
 import argparse
+import contextlib
+import io
 import json
-import os
 import shutil
 import sys
 import zlib
@@ -129,6 +134,133 @@ def tokenizer_info(tokdir):
                       if tok.token_to_id(t) is not None)
     other = [i for i in specials if i != eos]
     return size, {"eos": eos, "bos": bos if bos is not None else other[0], "other": other, "specials": specials}
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared by the make_*.py scripts (make_models.py, make_deepseek.py, make_deepseek_sparse.py,
+# make_moe.py, make_qwen35.py, make_llama4_mistral3.py).  The Rust tests hash make_models.py into
+# the cache key of every script's models, so these helpers live here rather than in a module of
+# their own.
+
+
+def padded_vocab(tok_size):
+    """The test models' vocabulary size: the tokenizer's, rounded up to a multiple of 64 (the rows past
+    the tokenizer's are the padding the embedding and head zero)."""
+    return (tok_size + 63) // 64 * 64
+
+
+def write_json(path, obj):
+    """obj as indented JSON plus a newline, as every config.json and index here is written."""
+    Path(path).write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def fresh_dir(d, create=True):
+    """Removes the folder d if it exists (a variant from an earlier run), then creates it empty unless
+    `create` is false (for writers that create it themselves, as mlx_lm.convert does). Returns d."""
+    if d.exists():
+        shutil.rmtree(d)
+    if create:
+        d.mkdir(parents=True)
+    return d
+
+
+def copy_tokenizer(tokdir, d):
+    """Copies every file of the tokenizer folder tokdir into the model folder d."""
+    for f in tokdir.iterdir():
+        shutil.copy(f, d / f.name)
+
+
+def start_folder(d, cfg, tokdir):
+    """A fresh model folder d holding cfg as config.json and the tokenizer files; the caller writes
+    the weights. Returns d."""
+    fresh_dir(d)
+    write_json(d / "config.json", cfg)
+    copy_tokenizer(tokdir, d)
+    return d
+
+
+def write_float_folder(d, cfg, weights, tokdir, fmt="pt"):
+    """A fresh model folder d: cfg as config.json, the tokenizer files, and `weights` ({name: numpy or
+    MLX array}, each saved in its own dtype) as one model.safetensors whose metadata format is `fmt`
+    ("pt": Hugging Face names, which mlx-lm's sanitize converts; "mlx": mlx-lm's own). Returns d."""
+    import mlx.core as mx
+
+    start_folder(d, cfg, tokdir)
+    arrays = {k: mx.array(x) for k, x in weights.items()}
+    mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": fmt})
+    return d
+
+
+def write_float_variants(outdir, tokenizer, variants, config_and_weights):
+    """Writes each of `variants` (dicts with a "name" and an "arch") as a float32 folder OUTDIR/NAME
+    (write_float_folder) whose config and weights are config_and_weights(v, vocab size, the
+    tokenizer's own vocabulary size, special ids); `tokenizer` is what Tokenizers gives. Returns
+    their variants.json entries."""
+    tokdir, tok_size, ids = tokenizer
+    info = {}
+    for v in variants:
+        cfg, weights = config_and_weights(v, padded_vocab(tok_size), tok_size, ids)
+        write_float_folder(outdir / v["name"], cfg, weights, tokdir)
+        info[v["name"]] = dict(kind="float", arch=v["arch"], dtype="float32")
+    return info
+
+
+def convert_quietly(src, dst, **kwargs):
+    """mlx-lm's own `mlx_lm.convert(src, dst, **kwargs)` into a fresh dst (removed first: convert will
+    not write into an existing folder), its progress output swallowed. convert writes a README.md
+    model card too; harmless, it is kept (it is what users get)."""
+    from mlx_lm import convert
+
+    fresh_dir(Path(dst), create=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(str(src), str(dst), **kwargs)
+    return Path(dst)
+
+
+class Tokenizers:
+    """The tokenizers of one script run, each made on first use in OUTDIR/_tokenizer-KIND (a stale one
+    from an interrupted run is replaced) and removed by `remove` once the variants have copied it."""
+
+    def __init__(self, outdir):
+        self.outdir = outdir
+        self.made = {}
+
+    def __call__(self, kind="bpe"):
+        """(tokenizer folder, vocabulary size with added tokens, special ids: see tokenizer_info)."""
+        if kind not in self.made:
+            tokdir = fresh_dir(self.outdir / f"_tokenizer-{kind}", create=False)
+            make_tokenizer(tokdir, kind)
+            self.made[kind] = (tokdir,) + tokenizer_info(tokdir)
+        return self.made[kind]
+
+    def remove(self):
+        for tokdir, _, _ in self.made.values():
+            shutil.rmtree(tokdir)
+
+
+def script_main(build, add_arguments=None):
+    """The command line and frame of every make_*.py: `SCRIPT OUTDIR` (plus what add_arguments(parser)
+    adds). Runs MLX on the CPU, creates OUTDIR, calls build(outdir, tokenizers, args), which writes the
+    variants into OUTDIR (`tokenizers(kind)` gives a tokenizer: see Tokenizers) and returns
+    {variant name: description}; then removes the tokenizer folders, prints the variant names one a
+    line (sorted) and writes the descriptions to OUTDIR/variants.json."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("outdir")
+    if add_arguments is not None:
+        add_arguments(ap)
+    args = ap.parse_args()
+
+    import mlx.core as mx
+
+    mx.set_default_device(mx.cpu)
+    outdir = Path(args.outdir).resolve()
+    outdir.mkdir(parents=True, exist_ok=True)
+    tokenizers = Tokenizers(outdir)
+    info = build(outdir, tokenizers, args)
+    tokenizers.remove()
+    for name in sorted(info):
+        print(name)
+    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -300,18 +432,11 @@ def write_float_variant(v, outdir, tokdir, tok_size, ids):
     import mlx.core as mx
 
     d = outdir / v["name"]
-    d.mkdir(parents=True)
-    vocab_size = (tok_size + 63) // 64 * 64
-    cfg, head_dim = make_config(v, vocab_size, ids)
+    cfg, head_dim = make_config(v, padded_vocab(tok_size), ids)
     weights = make_weights(v, cfg, head_dim, tok_size)
     dt = getattr(mx, v["dtype"])
     arrays = {k: mx.array(x).astype(dt if "inv_freq" not in k else mx.float32) for k, x in weights.items()}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokdir / f, d / f)
-    for f in os.listdir(tokdir):  # e.g. special_tokens_map.json, chat_template.jinja
-        if not (d / f).exists():
-            shutil.copy(tokdir / f, d / f)
+    start_folder(d, cfg, tokdir)
     names = sorted(arrays)
     nshards = v.get("shards", 1)
     if nshards == 1:
@@ -329,7 +454,7 @@ def write_float_variant(v, outdir, tokdir, tok_size, ids):
                 weight_map[k] = fname
                 total += a.nbytes
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (d / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        write_json(d / "model.safetensors.index.json", index)
     return d
 
 
@@ -356,58 +481,19 @@ def add_generation_config_eos(d, ids):
         "do_sample": False,
         "transformers_version": "4.51.0",
     }
-    (d / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    write_json(d / "generation_config.json", gen)
     return extra
 
 
 def write_quant_variant(q, outdir):
-    from mlx_lm import convert
-
-    src = outdir / q["src"]
-    dst = outdir / q["name"]
     pred = q.get("predicate")
     if pred == "custom_8bit_layer0_mlp":
         pred = custom_8bit_layer0_mlp
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        convert(
-            str(src),
-            str(dst),
-            quantize=True,
-            q_bits=q["bits"],
-            q_group_size=q["group"],
-            dtype=q["dtype"],
-            quant_predicate=pred,
-        )
-    # convert writes a README.md model card; harmless, keep it (it is what users get).
-    return dst
+    return convert_quietly(outdir / q["src"], outdir / q["name"], quantize=True, q_bits=q["bits"],
+                           q_group_size=q["group"], dtype=q["dtype"], quant_predicate=pred)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    ap.add_argument("--only", action="append", default=[], help="build only this variant (repeatable)")
-    args = ap.parse_args()
-
-    import mlx.core as mx
-
-    mx.set_default_device(mx.cpu)
-
-    outdir = Path(args.outdir).resolve()
-    outdir.mkdir(parents=True, exist_ok=True)
-    tokdirs = {}
-
-    def tokenizer_for(kind):
-        if kind not in tokdirs:
-            tokdir = outdir / f"_tokenizer-{kind}"
-            if tokdir.exists():
-                shutil.rmtree(tokdir)
-            make_tokenizer(tokdir, kind)
-            tokdirs[kind] = (tokdir,) + tokenizer_info(tokdir)
-        return tokdirs[kind]
-
+def build(outdir, tokenizers, args):
     floats = {v["name"]: v for v in FLOAT}
     quants = {q["name"]: q for q in QUANT}
     wanted = set(args.only) if args.only else set(floats) | set(quants)
@@ -421,11 +507,8 @@ def main():
     for v in FLOAT:
         if v["name"] not in needed:
             continue
-        d = outdir / v["name"]
-        if d.exists():
-            shutil.rmtree(d)
-        tokdir, tok_size, ids = tokenizer_for(v.get("tokenizer", "bpe"))
-        write_float_variant(v, outdir, tokdir, tok_size, ids)
+        tokdir, tok_size, ids = tokenizers(v.get("tokenizer", "bpe"))
+        d = write_float_variant(v, outdir, tokdir, tok_size, ids)
         entry = dict(kind="float", arch=v["arch"], dtype=v["dtype"], tied=v["tied"],
                      kv_heads=v["kv"], heads=v["heads"], tokenizer=v.get("tokenizer", "bpe"))
         if v.get("gen_config_eos"):
@@ -434,19 +517,17 @@ def main():
     for q in QUANT:
         if q["name"] not in needed:
             continue
-        d = outdir / q["name"]
-        if d.exists():
-            shutil.rmtree(d)
         write_quant_variant(q, outdir)
         src = floats[q["src"]]
         info[q["name"]] = dict(kind="quantized", arch=src["arch"], dtype=q["dtype"], bits=q["bits"],
                                group_size=q["group"], predicate=q.get("predicate"), src=q["src"],
                                tokenizer=src.get("tokenizer", "bpe"))
-    for name in sorted(info):
-        print(name)
-    for tokdir, _, _ in tokdirs.values():
-        shutil.rmtree(tokdir)
-    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
+def main():
+    script_main(build, lambda ap: ap.add_argument("--only", action="append", default=[],
+                                                  help="build only this variant (repeatable)"))
 
 
 if __name__ == "__main__":

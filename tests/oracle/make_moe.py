@@ -20,11 +20,6 @@ overrides in config.json). What each exercises:
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
-import argparse
-import contextlib
-import io
-import json
-import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -35,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from make_deepseek import save_raw, to_fp8_blocks  # noqa: E402
-from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+from make_models import convert_quietly, padded_vocab, script_main, start_folder, write_float_variants  # noqa: E402
 
 H, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, MOE_INTER, INTER = 64, 4, 2, 32, 8, 32, 96  # qwen3_moe's head_dim
 
@@ -164,17 +159,9 @@ def make_weights(v, cfg, real_vocab):
     return w
 
 
-def write_float(v, outdir, tokdir, tok_size, ids):
-    import mlx.core as mx
-
-    d = outdir / v["name"]
-    d.mkdir(parents=True)
-    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
-    arrays = {k: mx.array(x) for k, x in make_weights(v, cfg, tok_size).items()}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in tokdir.iterdir():
-        shutil.copy(f, d / f.name)
-    mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+def config_and_weights(v, vocab, tok_size, ids):
+    cfg = make_config(v, vocab, ids)
+    return cfg, make_weights(v, cfg, tok_size)
 
 
 def to_fp8_per_expert(w):
@@ -186,9 +173,7 @@ def to_fp8_per_expert(w):
 
 
 def write_fp8(v, outdir, tokdir, tok_size, ids):
-    d = outdir / v["name"]
-    d.mkdir(parents=True)
-    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
+    cfg = make_config(v, padded_vocab(tok_size), ids)
     w = make_weights(v, cfg, tok_size)
     tensors = {}
     for l in range(v["layers"]):
@@ -212,56 +197,26 @@ def write_fp8(v, outdir, tokdir, tok_size, ids):
         else:
             tensors[k] = (x, "F32")
     cfg["quantization_config"] = {"activation_scheme": "static", "quant_method": "fp8", "weight_block_size": [128, 128]}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in tokdir.iterdir():
-        shutil.copy(f, d / f.name)
+    d = start_folder(outdir / v["name"], cfg, tokdir)
     save_raw(d / "model.safetensors", tensors)
 
 
 def write_quant(q, outdir):
-    from mlx_lm import convert
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        convert(str(outdir / q["src"]), str(outdir / q["name"]), quantize=True, q_bits=4, q_group_size=32,
-                dtype=q.get("dtype", "float32"))
+    convert_quietly(outdir / q["src"], outdir / q["name"], quantize=True, q_bits=4, q_group_size=32,
+                    dtype=q.get("dtype", "float32"))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    args = ap.parse_args()
-
-    import mlx.core as mx
-
-    mx.set_default_device(mx.cpu)
-    outdir = Path(args.outdir).resolve()
-    outdir.mkdir(parents=True, exist_ok=True)
-    tokdir = outdir / "_tokenizer"
-    if tokdir.exists():
-        shutil.rmtree(tokdir)
-    make_tokenizer(tokdir, "bpe")
-    tok_size, ids = tokenizer_info(tokdir)
-    info = {}
-    for v in FLOAT:
-        if (outdir / v["name"]).exists():
-            shutil.rmtree(outdir / v["name"])
-        write_float(v, outdir, tokdir, tok_size, ids)
-        info[v["name"]] = dict(kind="float", arch=v["arch"], dtype="float32")
-    if (outdir / FP8["name"]).exists():
-        shutil.rmtree(outdir / FP8["name"])
+def build(outdir, tokenizers, args):
+    tokdir, tok_size, ids = tok = tokenizers()
+    info = write_float_variants(outdir, tok, FLOAT, config_and_weights)
     write_fp8(FP8, outdir, tokdir, tok_size, ids)
     info[FP8["name"]] = dict(kind="fp8", arch="mistral4", dtype="float32")
     for q in QUANT:
-        if (outdir / q["name"]).exists():
-            shutil.rmtree(outdir / q["name"])
         write_quant(q, outdir)
         info[q["name"]] = dict(kind="quantized", arch=info[q["src"]]["arch"], dtype=q.get("dtype", "float32"), bits=4,
                                group_size=32, src=q["src"])
-    shutil.rmtree(tokdir)
-    for name in sorted(info):
-        print(name)
-    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
 
 
 if __name__ == "__main__":
-    main()
+    script_main(build)

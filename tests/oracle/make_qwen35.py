@@ -22,11 +22,6 @@ quant_predicate), one of them in bfloat16, and for qwen3_5 an unquantized float3
 Deterministic (fixed seeds). Writes OUTDIR/variants.json. Run with the oracle venv's python.
 """
 
-import argparse
-import contextlib
-import io
-import json
-import shutil
 import sys
 import zlib
 from pathlib import Path
@@ -36,7 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from make_models import make_tokenizer, tokenizer_info  # noqa: E402
+from make_models import convert_quietly, script_main, write_float_variants  # noqa: E402
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 32, 96
 NK, NV, DK, DV, KERNEL = 2, 4, 32, 16, 4
@@ -166,60 +161,24 @@ def make_weights(v, text, real_vocab, eos):
     return w
 
 
-def write_float(v, outdir, tokdir, tok_size, ids):
-    import mlx.core as mx
-
-    d = outdir / v["name"]
-    d.mkdir(parents=True)
-    cfg = make_config(v, (tok_size + 63) // 64 * 64, ids)
-    text = cfg.get("text_config", cfg)
-    arrays = {k: mx.array(x) for k, x in make_weights(v, text, tok_size, ids["eos"]).items()}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in tokdir.iterdir():
-        shutil.copy(f, d / f.name)
-    mx.save_safetensors(str(d / "model.safetensors"), arrays, metadata={"format": "pt"})
+def config_and_weights(v, vocab, tok_size, ids):
+    cfg = make_config(v, vocab, ids)
+    return cfg, make_weights(v, cfg.get("text_config", cfg), tok_size, ids["eos"])
 
 
 def write_converted(c, outdir):
-    from mlx_lm import convert
-
     kw = dict(quantize=True, q_bits=4, q_group_size=32) if c["quantize"] else {}
-    with contextlib.redirect_stdout(io.StringIO()):
-        convert(str(outdir / c["src"]), str(outdir / c["name"]), dtype=c.get("dtype", "float32"), **kw)
+    convert_quietly(outdir / c["src"], outdir / c["name"], dtype=c.get("dtype", "float32"), **kw)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("outdir")
-    args = ap.parse_args()
-
-    import mlx.core as mx
-
-    mx.set_default_device(mx.cpu)
-    outdir = Path(args.outdir).resolve()
-    outdir.mkdir(parents=True, exist_ok=True)
-    tokdir = outdir / "_tokenizer"
-    if tokdir.exists():
-        shutil.rmtree(tokdir)
-    make_tokenizer(tokdir, "bpe")
-    tok_size, ids = tokenizer_info(tokdir)
-    info = {}
-    for v in FLOAT:
-        if (outdir / v["name"]).exists():
-            shutil.rmtree(outdir / v["name"])
-        write_float(v, outdir, tokdir, tok_size, ids)
-        info[v["name"]] = dict(kind="float", arch=v["arch"], dtype="float32")
+def build(outdir, tokenizers, args):
+    info = write_float_variants(outdir, tokenizers(), FLOAT, config_and_weights)
     for c in CONVERTED:
-        if (outdir / c["name"]).exists():
-            shutil.rmtree(outdir / c["name"])
         write_converted(c, outdir)
         info[c["name"]] = dict(kind="quantized" if c["quantize"] else "mlx", arch=info[c["src"]]["arch"],
                                dtype=c.get("dtype", "float32"), src=c["src"])
-    shutil.rmtree(tokdir)
-    for name in sorted(info):
-        print(name)
-    (outdir / "variants.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
 
 
 if __name__ == "__main__":
-    main()
+    script_main(build)
