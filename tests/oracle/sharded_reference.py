@@ -9,7 +9,8 @@ Each rank loads its part with mlx_lm.utils.sharded_load (tensor parallel through
 `shard`, or with --pipeline its `pipeline` layer split, as mlx_lm.chat and mlx_lm.benchmark do), then
 generates greedily with stream_generate from the raw prompt (`--ignore-chat-template`: encoded with
 the special tokens, as reference.py builds it), stopping at EOS. Rank 0 prints one JSON object
-{"prompt_ids", "tokens", "group_size"}; the other ranks print nothing.
+{"prompt_ids", "tokens", "logprobs" (each token's log-probability), "group_size"}; the other ranks
+print nothing.
 """
 
 import argparse
@@ -37,17 +38,19 @@ def main():
     model, tokenizer = sharded_load(args.model, pipeline_group, tensor_group)
     prompt_ids = build_prompt(tokenizer, args.prompt, ignore_chat_template=True)
     sampler = make_sampler(0.0, 0.0, 0.0, 1, top_k=0)
-    tokens = []
+    tokens, logprobs = [], []
     for resp in stream_generate(model, tokenizer, prompt_ids, max_tokens=args.max_tokens, sampler=sampler):
         if resp.finish_reason == "stop":
             break
         tokens.append(int(resp.token))
+        logprobs.append(float(resp.logprobs[resp.token]))
     # Let the step queued after the last token finish on every rank before any rank exits (a rank
     # that leaves early breaks the ring under the others).
     mx.synchronize()
     mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
     if group.rank() == 0:
-        print(json.dumps({"prompt_ids": [int(t) for t in prompt_ids], "tokens": tokens, "group_size": group.size()}))
+        ids = [int(t) for t in prompt_ids]
+        print(json.dumps({"prompt_ids": ids, "tokens": tokens, "logprobs": logprobs, "group_size": group.size()}))
 
 
 if __name__ == "__main__":

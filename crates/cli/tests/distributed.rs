@@ -131,9 +131,9 @@ fn pipeline_with_more_ranks_than_layers_fails_clearly() {
     assert!(err.lines().all(|l| l.starts_with("error: ")), "{err}");
 }
 
-/// Python mlx-lm's greedy tokens from `sharded_load` + `stream_generate` on 2 ranks started by
-/// `mlx.launch` (tests/oracle/sharded_reference.py).
-fn mlx_lm_sharded_tokens(model: &Path, split: Split) -> Vec<u64> {
+/// Python mlx-lm's greedy tokens and their log-probabilities from `sharded_load` +
+/// `stream_generate` on 2 ranks started by `mlx.launch` (tests/oracle/sharded_reference.py).
+fn mlx_lm_sharded(model: &Path, split: Split) -> Value {
     let py = common::venv_python();
     let launcher = py.with_file_name("mlx.launch");
     let mut cmd = Command::new(&launcher);
@@ -154,7 +154,7 @@ fn mlx_lm_sharded_tokens(model: &Path, split: Split) -> Vec<u64> {
     let line = out.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("no JSON from mlx-lm: {out}\n{err}"));
     let v: Value = serde_json::from_str(line).unwrap();
     assert_eq!(v["group_size"], 2, "mlx-lm did not run on 2 ranks: {line}");
-    tokens(&v)
+    v
 }
 
 /// A copy of `model` with a `model.safetensors.index.json` (mlx-lm's pipeline loader reads the
@@ -176,15 +176,22 @@ fn with_index(model: &Path, tag: &str) -> PathBuf {
     dir
 }
 
+/// Our 2-rank greedy tokens equal mlx-lm's sharded ones, and their log-probabilities agree within
+/// 1e-5: the same split sums the same partial products (float32 noise of the backends' kernels,
+/// ~1e-7 here), where a different split or reduction order is off by the whole tensor-parallel
+/// difference (up to 1.5e-4 on qwen3_5, see `tp2_qwen3_5_matches_single_process`).
 fn ours_equal_mlx_lm(model: &Path, split: Split) {
     let name = model.file_name().unwrap().to_string_lossy().into_owned();
     let args = generate_args(model);
     let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
     argv.extend(split.flags());
-    let ours = tokens(&launch2(&argv, &format!("launch generate {name} ({split:?})")));
-    let theirs = mlx_lm_sharded_tokens(model, split);
-    assert!(theirs.len() >= 32, "{name}: mlx-lm generated only {} tokens", theirs.len());
-    assert_eq!(ours, theirs, "{name}: {split:?}-parallel tokens differ from mlx-lm's sharded generation");
+    let ours = launch2(&argv, &format!("launch generate {name} ({split:?})"));
+    let theirs = mlx_lm_sharded(model, split);
+    assert!(tokens(&theirs).len() >= 32, "{name}: mlx-lm generated only {} tokens", tokens(&theirs).len());
+    assert_eq!(tokens(&ours), tokens(&theirs), "{name}: {split:?}-parallel tokens differ from mlx-lm's sharded generation");
+    for (i, (x, y)) in logprobs(&ours).iter().zip(logprobs(&theirs)).enumerate() {
+        assert!((x - y).abs() <= 1e-5, "{name}: token {i}: logprob {x} ours vs {y} mlx-lm's, {split:?}-parallel");
+    }
 }
 
 /// mlx-lm's `shard` exists for llama, qwen2 and DeepSeek: the same split gives the same tokens.
@@ -193,6 +200,60 @@ fn tp2_tokens_equal_mlx_lm_sharded_generation() {
     ours_equal_mlx_lm(&common::model("llama3-f32"), Split::Tensor);
     ours_equal_mlx_lm(&common::model("qwen2-f32"), Split::Tensor);
     ours_equal_mlx_lm(&common::deepseek_model("dsv3-f32"), Split::Tensor);
+}
+
+/// qwen3_5.py's `shard` (DeltaNet heads, attention heads, MLP or experts, the head's vocabulary),
+/// for qwen3_5, qwen3_5_moe and a qwen3_5 with one key/value head (repeated for the 2 ranks).
+#[test]
+fn tp2_qwen3_5_tokens_equal_mlx_lm_sharded_generation() {
+    for name in ["qwen35-f32", "qwen35moe-f32"] {
+        ours_equal_mlx_lm(&common::qwen35_models_dir().join(name), Split::Tensor);
+    }
+    ours_equal_mlx_lm(qwen35_one_kv_head(), Split::Tensor);
+}
+
+/// Fewer key/value heads (1) than ranks (2): each rank keeps a copy of the one head (mlx-lm's
+/// `repeat_kv_layer_inplace`), its 2 query heads attending over it, as the single process.
+#[test]
+fn tp2_qwen3_5_with_one_kv_head_matches_single_process() {
+    sharded_matches_single(qwen35_one_kv_head(), Split::Tensor);
+}
+
+/// make_qwen35.py's qwen3_5 (Hugging Face layout) with only its first key/value head: k_proj and
+/// v_proj keep their first head_dim rows; built once per test process.
+fn qwen35_one_kv_head() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = common::qwen35_models_dir().join("qwen35-f32");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("qwen35-kv1-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        common::copy_dir(&src, &dir);
+        let mut config: Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+        let text = &mut config["text_config"];
+        let (kv_heads, head_dim) = (text["num_key_value_heads"].as_i64().unwrap() as i32, text["head_dim"].as_i64().unwrap() as i32);
+        assert!(kv_heads > 1, "the source model must have several key/value heads");
+        text["num_key_value_heads"] = Value::from(1);
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let st = mlx::io::load_safetensors(&src.join("model.safetensors")).unwrap();
+        let mut kept = 0;
+        let tensors: Vec<(String, mlx::Array)> = st
+            .tensors
+            .into_iter()
+            .map(|(name, a)| match name.ends_with("self_attn.k_proj.weight") || name.ends_with("self_attn.v_proj.weight") {
+                true => {
+                    assert_eq!(a.dim(0), kv_heads * head_dim, "{name}");
+                    kept += 1;
+                    (name, a.slice_axis(0, 0, head_dim).unwrap()) // (head_dim, hidden)
+                }
+                false => (name, a),
+            })
+            .collect();
+        assert!(kept >= 2, "no attention layer in the source model");
+        let named: Vec<(&str, &mlx::Array)> = tensors.iter().map(|(n, a)| (n.as_str(), a)).collect();
+        let meta: Vec<(&str, &str)> = st.metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        mlx::io::save_safetensors(&dir.join("model.safetensors"), &named, &meta).unwrap();
+        dir
+    })
 }
 
 /// mlx-lm pipelines qwen2 and DeepSeek (not llama) with the same layer split.

@@ -4,7 +4,8 @@
 //! gives Python mlx-lm 0.32.2's greedy tokens and text (64 tokens), prompt logits within 1e-5
 //! (float32 activations and scales, the 4-bit ones too); seeded sampling equal; the layer-state
 //! cache through chunked prefill, `--kv-bits` (attention layers only), prompt-cache files both
-//! ways and a 4-turn chat that prefills only each turn's new tokens. Needs the oracle venv
+//! ways and a 4-turn chat that prefills only each turn's new tokens; tensor (qwen3_5, qwen3_5_moe)
+//! and pipeline parallel on 2 ranks equal to one process. Needs the oracle venv
 //! (scripts/oracle-venv.sh); fails, never skips, when it cannot be made.
 
 mod common;
@@ -408,13 +409,33 @@ fn pp2_qwen3_5_matches_single_process() {
     dist::sharded_matches_single(&model("qwen35-f32"), dist::Split::Pipeline);
 }
 
-/// Tensor parallel over the DeltaNet layers is not there yet: a clear error, not wrong tokens.
+/// Tensor parallel on 2 ranks, as qwen3_5.py's `shard`: each rank keeps half of every DeltaNet
+/// layer's key and value heads (convolution channels, in_proj_qkv's q/k/v segments, z/b/a, dt_bias,
+/// A_log; out_proj's columns summed over the group), half of the attention heads and MLP hidden
+/// units, and half of the head's vocabulary (the logits gathered back): the single process's tokens,
+/// log-probabilities within 1e-3. The split's different summation order is ~1e-6 on most tokens
+/// but 1.5e-4 on one of the 64 (it grows through the recurrent layers; the gated RMS norm rescales
+/// heads whose output is small), the same under mlx-lm's own `shard` (distributed.rs compares ours
+/// with that within 1e-5); a wrong split changes the tokens.
 #[test]
-fn tensor_parallel_is_refused() {
-    let dir = model("qwen35-f32");
+fn tp2_qwen3_5_matches_single_process() {
+    dist::sharded_matches_single_within(&model("qwen35-f32"), dist::Split::Tensor, 1e-3);
+}
+
+/// qwen3_5_moe: as qwen3_5, with every routed and shared expert's hidden units split, the router
+/// and the shared expert's gate whole, one all_sum per MoE layer.
+#[test]
+fn tp2_qwen3_5_moe_matches_single_process() {
+    dist::sharded_matches_single(&model("qwen35moe-f32"), dist::Split::Tensor);
+}
+
+/// qwen3_next.py has no `shard` in mlx-lm: a clear one-line error, not wrong tokens.
+#[test]
+fn tensor_parallel_over_qwen3_next_is_refused() {
+    let dir = model("qwen3next-f32");
     let args = ["launch", "--hosts", "127.0.0.1,127.0.0.1", "--backend", "ring", "--timeout", "60", "--", "generate", "--model", dir.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "4"];
     let o = common::mlx_gen(&args, None);
     assert!(!o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(stderr.contains("tensor parallel") && stderr.contains("not supported"), "{stderr}");
+    assert!(stderr.contains("tensor parallel is not supported for model_type qwen3_next") && stderr.contains("mlx-lm"), "{stderr}");
 }

@@ -4,7 +4,9 @@
 //! "sharded-to-all" layers (o, down) the matching block of input columns, their partial products
 //! summed over the group (one `all_sum` per attention and per MLP) before the bias. Heads divide
 //! by the group size, so every rank attends over its own heads and its KV cache holds only those.
-//! Embeddings, norms and the head are replicated. Fused layers (q|k|v, gate|up) split each part.
+//! Embeddings and norms are replicated, and so is the head, except where mlx-lm splits its
+//! vocabulary (qwen3_5: each rank's logits gathered back, [`gather_last_axis`]). Fused layers
+//! (q|k|v, gate|up) split each part; with fewer key/value heads than ranks each is repeated first.
 use crate::error::{EngineError, Result};
 use mlx::distributed::Group;
 use mlx::{ops, Array};
@@ -51,6 +53,35 @@ pub(crate) fn rows(a: &Array, segments: &[i32], rank: i32, size: i32) -> Result<
     Ok(joined.contiguous()?)
 }
 
+/// mlx-lm's `repeat_kv_layer_inplace`: the rows of `a` (axis 0) as `heads` blocks, each block
+/// `times` times in a row, so that more ranks than key/value heads each keep one whole head.
+pub(crate) fn repeat_heads(a: &Array, heads: i32, times: i32) -> Result<Array> {
+    let shape = a.shape();
+    check_divides("a projection's rows per key/value head", shape[0], heads)?;
+    let mut by_head = vec![heads, shape[0] / heads];
+    by_head.extend(&shape[1..]);
+    let mut back = vec![-1];
+    back.extend(&shape[1..]);
+    Ok(a.reshape(&by_head)?.repeat(times, 0)?.reshape(&back)?) // (heads * times * rows per head, ...)
+}
+
+/// mlx-lm's `gather_last_axis`: the last axis of `x`, split across `group` (a vocabulary-sharded
+/// head's logits), gathered whole on every rank in rank order.
+pub(crate) fn gather_last_axis(x: &Array, group: &Group) -> Result<Array> {
+    let size = x.dim(-1);
+    let parts = group.all_gather(&x.reshape(&[-1, size])?)?; // (ranks * rows, size)
+    ranks_to_last_axis(&parts, group.size(), &x.shape())
+}
+
+/// Rows gathered from `n` ranks (ranks * rows, size), each rank's rows shaped `shape`, to `shape`
+/// with the ranks' blocks side by side on the last axis (rows, ranks * size).
+fn ranks_to_last_axis(parts: &Array, n: i32, shape: &[i32]) -> Result<Array> {
+    let size = parts.dim(-1);
+    let mut whole = shape.to_vec();
+    *whole.last_mut().ok_or_else(|| EngineError::Invalid("gathering the last axis of a scalar".into()))? = n * size;
+    Ok(parts.reshape(&[n, -1, size])?.transpose(&[1, 0, 2])?.reshape(&whole)?)
+}
+
 /// This rank's block of the last axis of `a` (a sharded-to-all layer's inputs).
 pub(crate) fn cols(a: &Array, rank: i32, size: i32) -> Result<Array> {
     block(a, -1, rank, size)
@@ -76,6 +107,31 @@ mod tests {
         let b = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0], &[2, 4]).unwrap();
         assert_eq!(cols(&b, 1, 2).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 3.0, 12.0, 13.0]);
         assert!(cols(&b, 0, 3).is_err());
+    }
+
+    #[test]
+    fn repeated_heads_give_each_rank_a_whole_head() {
+        // 2 heads of 2 rows (one column holding the row index), each repeated twice: 4 ranks keep
+        // heads 0, 0, 1, 1.
+        let a = Array::from_slice(&[0.0f32, 1.0, 2.0, 3.0], &[4, 1]).unwrap();
+        let r = repeat_heads(&a, 2, 2).unwrap();
+        assert_eq!(r.shape(), vec![8, 1]);
+        assert_eq!(r.to_vec::<f32>().unwrap(), vec![0.0, 1.0, 0.0, 1.0, 2.0, 3.0, 2.0, 3.0]);
+        assert_eq!(rows(&r, &[8], 1, 4).unwrap().to_vec::<f32>().unwrap(), vec![0.0, 1.0]);
+        assert_eq!(rows(&r, &[8], 2, 4).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 3.0]);
+        assert!(repeat_heads(&a, 3, 2).is_err(), "4 rows are not 3 heads");
+    }
+
+    #[test]
+    fn gathered_rows_go_side_by_side_in_rank_order() {
+        // 2 ranks, each with logits (1, 2, 3): rank 0's entries 0..6, rank 1's 10..16.
+        let r0: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let r1: Vec<f32> = (10..16).map(|v| v as f32).collect();
+        let parts = Array::from_slice(&[r0, r1].concat(), &[4, 3]).unwrap();
+        let whole = ranks_to_last_axis(&parts, 2, &[1, 2, 3]).unwrap();
+        assert_eq!(whole.shape(), vec![1, 2, 6]);
+        let want = [0.0, 1.0, 2.0, 10.0, 11.0, 12.0, 3.0, 4.0, 5.0, 13.0, 14.0, 15.0];
+        assert_eq!(whole.to_vec::<f32>().unwrap(), want.to_vec());
     }
 
     /// A quantized row-parallel layer: the two ranks' column blocks (packed weight, scales,

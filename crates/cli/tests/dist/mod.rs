@@ -68,6 +68,11 @@ pub fn launch2(argv: &[&str], what: &str) -> Value {
 /// columns) is off by > 0.1. Pipeline parallel runs every layer whole, in the same order: its
 /// log-probabilities are bit-identical.
 pub fn sharded_matches_single(model: &Path, split: Split) {
+    sharded_matches_single_within(model, split, if split == Split::Tensor { 1e-4 } else { 0.0 });
+}
+
+/// [`sharded_matches_single`] with the log-probabilities within `tol` of the single process's.
+pub fn sharded_matches_single_within(model: &Path, split: Split, tol: f64) {
     let name = model.file_name().unwrap().to_string_lossy().into_owned();
     let args = generate_args(model);
     let mut argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -78,7 +83,6 @@ pub fn sharded_matches_single(model: &Path, split: Split) {
     let (a, b) = (tokens(&single), tokens(&sharded));
     assert!(a.len() >= 32, "{name}: only {} tokens generated: pick a longer-running prompt", a.len());
     assert_eq!(a, b, "{name}: {split:?}-parallel tokens differ from the single-process ones");
-    let tol = if split == Split::Tensor { 1e-4 } else { 0.0 };
     for (i, (x, y)) in logprobs(&single).iter().zip(logprobs(&sharded)).enumerate() {
         assert!((x - y).abs() <= tol, "{name}: token {i}: logprob {x} single vs {y} {split:?}-parallel");
     }

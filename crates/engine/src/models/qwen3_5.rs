@@ -5,7 +5,8 @@
 //! every `full_attention_interval`-th layer with RoPE from `rope_parameters`, and routed experts
 //! with a shared expert on every layer when `num_experts > 0`. Weights sit under
 //! `language_model.` (mlx-community folders) or `model.language_model.` (Hugging Face); the vision
-//! tower is dropped.
+//! tower is dropped. Tensor parallel is its `shard` (heads, hidden units and the head's vocabulary
+//! split; see [`super::qwen3_next`] and [`crate::nn::gated_delta`]).
 use super::qwen3_next::{self, HybridSpec, LinearConfig};
 use super::Model;
 use crate::error::{EngineError, Result};

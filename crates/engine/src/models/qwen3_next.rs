@@ -3,7 +3,9 @@
 //! `full_attention_interval`-th layer, gated full attention (queries and an output gate from one
 //! `q_proj`, q/k RMS norms, partial RoPE, `o_proj(out * sigmoid(gate))`, a KV cache); the
 //! feed-forward part a dense SwiGLU MLP or a sparse block of routed experts with a sigmoid-gated
-//! shared expert. qwen3_5.py builds on the same layers ([`Hybrid`] is shared with it).
+//! shared expert. qwen3_5.py builds on the same layers ([`Hybrid`] is shared with it), and only
+//! its `shard` exists: tensor parallel splits qwen3_5's heads, experts' hidden units and head
+//! vocabulary as that `shard` does, and qwen3_next's is refused as mlx-lm has none.
 use super::stack::{Arch, Block, Part, Stack, StackDims};
 use super::Model;
 use crate::cache::{ArraysCache, CacheMask, GrowingCache, KvCache};
@@ -11,6 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::nn::gated_delta::{DeltaNetLayout, DeltaNetSpec, GatedDeltaNet};
 use crate::nn::moe::{stack_experts, Ffn, Gate, GluMlp, Routing, SwitchGlu};
 use crate::nn::{Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
+use crate::shard::{self, ShardMode};
 use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
 use mlx::ops::QuantSpec;
@@ -140,6 +143,34 @@ impl GatedAttention {
         })
     }
 
+    /// This rank's heads for tensor parallel over `group`, as qwen3_5.py's `shard`: q_proj's rows
+    /// (each head's queries and gate), k/v_proj's (each key/value head first repeated until there
+    /// is one per rank, where there are fewer than ranks), o_proj's columns summed over the group.
+    fn shard(&self, group: &Group) -> Result<GatedAttention> {
+        let size = group.size();
+        let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let heads = shard::check_divides("the attention heads", h, size)?;
+        // repeat_kv_layer_inplace: more ranks than key/value heads -> each repeated size / kvh times.
+        let (k_proj, v_proj, kv_rows) = match size > kvh {
+            true => {
+                let times = shard::check_divides("the ranks per key/value head", size, kvh)?;
+                (self.k_proj.repeat_heads(kvh, times)?, self.v_proj.repeat_heads(kvh, times)?, size * hd)
+            }
+            false => (self.k_proj.clone(), self.v_proj.clone(), kvh * hd),
+        };
+        let kv_heads = shard::check_divides("the key/value heads", kv_rows / hd, size)?;
+        let split = |l: &Linear, rows: i32| l.shard(ShardMode::AllToSharded, &[rows], group);
+        Ok(GatedAttention {
+            q_proj: split(&self.q_proj, 2 * h * hd)?,
+            k_proj: split(&k_proj, kv_rows)?,
+            v_proj: split(&v_proj, kv_rows)?,
+            o_proj: self.o_proj.shard(ShardMode::ShardedToAll, &[], group)?,
+            heads,
+            kv_heads,
+            ..self.clone()
+        })
+    }
+
     fn arrays(&self) -> Vec<&Array> {
         let mut v = [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj].iter().flat_map(|l| l.arrays()).collect::<Vec<_>>();
         v.extend(self.q_norm.arrays());
@@ -188,8 +219,11 @@ impl Part for Mixer {
         }
     }
 
-    fn shard(&self, _group: &Group) -> Result<Mixer> {
-        Err(EngineError::Config("tensor parallel over the gated DeltaNet / gated attention layers is not supported yet".into()))
+    fn shard(&self, group: &Group) -> Result<Mixer> {
+        Ok(match self {
+            Mixer::Linear(l) => Mixer::Linear(Box::new(l.shard(group)?)),
+            Mixer::Full(a) => Mixer::Full(Box::new(a.shard(group)?)),
+        })
     }
 }
 
@@ -199,6 +233,8 @@ pub(crate) struct Hybrid {
     vocab_size: i32,
     /// Per model layer: whether it is a linear-attention layer.
     linear: Vec<bool>,
+    /// Whether mlx-lm's class has `shard`: qwen3_5.py's (separate projections) has, qwen3_next.py's not.
+    can_shard: bool,
 }
 
 /// The full-attention mask and the linear layers' mask of one forward pass.
@@ -218,6 +254,15 @@ impl Arch for Hybrid {
 
     fn vocab_size(&self) -> i32 {
         self.vocab_size
+    }
+
+    fn can_shard(&self) -> bool {
+        self.can_shard
+    }
+
+    /// qwen3_5.py's `shard` splits an untied head's vocabulary.
+    fn shards_vocab(&self) -> bool {
+        true
     }
 
     /// mlx-lm's `make_cache`: an ArraysCache(2) per linear layer, a KVCache per full one (also
@@ -289,7 +334,8 @@ pub(crate) fn build(s: HybridSpec, weights: &Weights, q: &QuantConfig) -> Result
         layers.push(Block::load(&l, mixer, mlp, d, s.rms_norm_eps)?);
     }
     let dims = StackDims { vocab_size: s.vocab_size, hidden: d, rms_norm_eps: s.rms_norm_eps, tie_word_embeddings: s.tie_word_embeddings };
-    let arch = Hybrid { model_type: s.model_type, vocab_size: s.vocab_size, linear: s.layers.iter().map(|l| l.0).collect() };
+    let linear = s.layers.iter().map(|l| l.0).collect();
+    let arch = Hybrid { model_type: s.model_type, vocab_size: s.vocab_size, linear, can_shard: s.layout == DeltaNetLayout::Separate };
     Stack::load(arch, layers, dims, weights, q)
 }
 

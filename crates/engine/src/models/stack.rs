@@ -53,6 +53,11 @@ pub(crate) trait Arch: 'static {
     fn can_shard(&self) -> bool {
         true
     }
+    /// Whether mlx-lm's `shard` also splits an untied head's vocabulary across the ranks (each
+    /// rank's logits gathered back, qwen3_5.py); otherwise every rank keeps the whole head.
+    fn shards_vocab(&self) -> bool {
+        false
+    }
     /// Whether mlx-lm runs the class as a pipeline; the skeleton refuses it otherwise.
     fn can_pipeline(&self) -> bool {
         true
@@ -114,6 +119,9 @@ pub(crate) struct Stack<T: Arch> {
     norm: RmsNorm,
     /// `None`: the head is the embedding (tied).
     lm_head: Option<Linear>,
+    /// Tensor parallel with the head's vocabulary split ([`Arch::shards_vocab`]): the group its
+    /// logits are gathered over.
+    vocab_group: Option<Group>,
 }
 
 /// The sizes the skeleton's own tensors need.
@@ -152,6 +160,7 @@ impl<T: Arch> Stack<T> {
             stage: None,
             norm: RmsNorm::load(&vb.pp("norm"), d.hidden, d.rms_norm_eps)?,
             lm_head,
+            vocab_group: None,
         })
     }
 }
@@ -187,6 +196,12 @@ impl<T: Arch> Model for Stack<T> {
                 "tensor parallel is not supported for model_type {} (mlx-lm's model has no shard either)",
                 self.arch.model_type()
             )));
+        }
+        // Each rank computes a slice of the vocabulary (before the layers, as mlx-lm's order).
+        if let (true, Some(head)) = (self.arch.shards_vocab(), &self.lm_head) {
+            crate::shard::check_divides("the vocabulary", self.arch.vocab_size(), group.size())?;
+            self.lm_head = Some(head.shard(crate::shard::ShardMode::AllToSharded, &[head.out_dims()], group)?);
+            self.vocab_group = Some(group.clone());
         }
         for layer in &mut self.layers {
             layer.self_attn = layer.self_attn.shard(group)?;
@@ -226,9 +241,10 @@ impl<T: Arch> Model for Stack<T> {
             h = s.pass_on(&h)?;
         }
         let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed_tokens.as_linear(&h),
+        match (&self.lm_head, &self.vocab_group) {
+            (Some(head), Some(g)) => crate::shard::gather_last_axis(&head.forward(&h)?, g), // (B, L, vocab / N) gathered
+            (Some(head), None) => head.forward(&h),
+            (None, _) => self.embed_tokens.as_linear(&h),
         } // (B, L, vocab)
     }
 }

@@ -4,11 +4,14 @@
 //! convolution over q/k/v, L2-normalised q/k, the gated delta rule recurrence of gated_delta.py
 //! (its ops path, one compiled step per position, on the CPU; on a GPU one kernel for the whole
 //! prompt, as mlx-lm runs on Metal), and the gated RMS norm. Its state lives in an [`ArraysCache`]: [0] the convolution's last K-1 inputs,
-//! [1] the recurrent matrix (B, Hv, Dv, Dk) in float32.
+//! [1] the recurrent matrix (B, Hv, Dv, Dk) in float32. Tensor parallel splits it by head
+//! ([`GatedDeltaNet::shard`]).
 use super::{Linear, QuantConfig};
 use crate::cache::ArraysCache;
 use crate::error::{EngineError, Result};
+use crate::shard::{self, ShardMode};
 use checkpoint::Vb;
+use mlx::distributed::Group;
 use mlx::{fast, ops, Array, Dtype};
 
 /// The sizes of one DeltaNet layer (the `linear_*` fields of config.json).
@@ -104,6 +107,36 @@ impl GatedDeltaNet {
         v.extend([&self.conv1d, &self.dt_bias, &self.a_log, &self.norm]);
         v.extend(self.out_proj.arrays());
         v
+    }
+
+    /// This rank's key and value heads for tensor parallel over `group`, as qwen3_5.py's `shard`:
+    /// the convolution's and `in_proj_qkv`'s q, k and v channels each split (its segments
+    /// `[key_dim, 2 key_dim]`), `in_proj_z` / `in_proj_b` / `in_proj_a`, `dt_bias` and `A_log` by
+    /// value head, `out_proj`'s inputs split and its output summed over the group (mlx-lm's
+    /// `all_sum` after `out_proj`); the gated norm (per value head) stays whole. mlx-lm has no
+    /// `shard` for the fused layout (qwen3_next.py).
+    pub fn shard(&self, group: &Group) -> Result<GatedDeltaNet> {
+        let InProj::Separate { qkv, z, b, a } = &self.proj else {
+            return Err(EngineError::Config("tensor parallel over qwen3_next's fused DeltaNet projections is not supported (mlx-lm has no shard for them either)".into()));
+        };
+        let (rank, size) = shard::place(group);
+        let s = self.spec;
+        let spec = DeltaNetSpec {
+            num_k_heads: shard::check_divides("the linear-attention key heads", s.num_k_heads, size)?,
+            num_v_heads: shard::check_divides("the linear-attention value heads", s.num_v_heads, size)?,
+            ..s
+        };
+        let (kd, vd, nv) = (s.key_dim(), s.value_dim(), s.num_v_heads);
+        let split = |l: &Linear, segments: &[i32]| l.shard(ShardMode::AllToSharded, segments, group);
+        Ok(GatedDeltaNet {
+            spec,
+            proj: InProj::Separate { qkv: split(qkv, &[kd, kd, vd])?, z: split(z, &[vd])?, b: split(b, &[nv])?, a: split(a, &[nv])? },
+            conv1d: shard::rows(&self.conv1d, &[kd, kd, vd], rank, size)?, // (conv_dim / N, K, 1)
+            dt_bias: shard::block(&self.dt_bias, 0, rank, size)?,
+            a_log: shard::block(&self.a_log, 0, rank, size)?,
+            norm: self.norm.clone(),
+            out_proj: self.out_proj.shard(ShardMode::ShardedToAll, &[], group)?,
+        })
     }
 
     /// x (B, S, hidden) -> mixed q/k/v (B, S, conv_dim), z (B, S, Hv, Dv), b and a (B, S, Hv).

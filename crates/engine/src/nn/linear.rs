@@ -117,6 +117,17 @@ impl Linear {
         Ok(Linear { reduce: None, ..self.shard(mode, segments, group)? })
     }
 
+    /// mlx-lm's `repeat_kv_layer_inplace` before sharding: every array's output rows (weight,
+    /// scales, biases, bias) as `heads` blocks, each `times` times in a row ([`shard::repeat_heads`]).
+    pub fn repeat_heads(&self, heads: i32, times: i32) -> Result<Linear> {
+        let rep = |a: &Array| shard::repeat_heads(a, heads, times);
+        let kind = match &self.kind {
+            Kind::Float(w) => Kind::Float(rep(w)?),
+            Kind::Quant(q) => Kind::Quant(q.map(rep)?),
+        };
+        Ok(Linear { kind, bias: self.bias.as_ref().map(rep).transpose()?, reduce: self.reduce.clone() })
+    }
+
     /// x (..., in) -> (..., out)
     pub fn forward(&self, x: &Array) -> Result<Array> {
         if let Some(group) = &self.reduce {
