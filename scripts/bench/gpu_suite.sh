@@ -261,6 +261,11 @@ memory)
   echo "== llama-3.2-3b p2048 mlx-gen: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 2048 -g 16 -n 1 --memory 2>&1 | grep '^Memory')"
   echo "== llama-3.2-3b p2048 mlx-lm:  $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p 2048 -g 16 -n 1 | med)"
   echo "== llama-3.2-3b p4096 mlx-gen --prefill-step-size 4096: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 1 --prefill-step-size 4096 --memory 2>&1 | grep '^Memory')"
+  # The host queueing at most N layers ahead of the device inside a prefill chunk (MLX keeps each queued kernel's
+  # arrays until it ran): peak and prefill speed against the unbounded default above.
+  for n in 2 4 8; do
+    echo "== llama-3.2-3b p4096 mlx-gen MLX_GEN_PREFILL_LOOKAHEAD=$n: $(MLX_GEN_PREFILL_LOOKAHEAD=$n MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 4096 -g 16 -n 2 --memory 2>&1 | grep -E '^(Averages|Memory)' | tr '\n' ' ')"
+  done
   ;;
 realspec)
   # Issue 19 with real weights: Qwen2.5-Coder-0.5B-Instruct (stage-real-models.sh's 4-bit folder, the draft)

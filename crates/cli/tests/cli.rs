@@ -157,3 +157,34 @@ fn user_errors_exit_1_in_one_line() {
     assert_error(&run(&["chat", "--model", tmp.to_str().unwrap()]), 1, &["gpt_neox", "llama"]);
     assert_error(&run(&["bench", "--model", tmp.to_str().unwrap(), "-n", "1"]), 1, &["gpt_neox"]);
 }
+
+/// `MLX_GEN_PREFILL_LOOKAHEAD=N` (the GPU prefill-peak experiment) only changes when the host
+/// waits for the device during a long prefill chunk, never a value: the same tokens and
+/// log-probabilities as without it, with the waits it adds counted by the trace.
+#[test]
+fn prefill_lookahead_changes_no_value() {
+    let dir = common::model("llama3-f32");
+    let prompt = "one two three four five six seven eight nine ten ".repeat(40);
+    let args = ["generate", "--model", dir.to_str().unwrap(), "--prompt", &prompt, "-m", "12", "--temp", "0", "--ignore-chat-template", "--top-logprobs", "2", "--output", "json"];
+    let gen = |lookahead: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen"));
+        cmd.args(args).env_remove("MLX_GEN_PREFILL_LOOKAHEAD").env("MLX_GEN_TRACE", "1");
+        if let Some(n) = lookahead {
+            cmd.env("MLX_GEN_PREFILL_LOOKAHEAD", n);
+        }
+        let out = cmd.output().expect("run mlx-gen");
+        let v: Value = serde_json::from_str(stdout(&out).trim()).expect("generate --output json prints one JSON object");
+        // "trace: prefill N positions in C chunks, T ms, W device waits"
+        let err = String::from_utf8_lossy(&out.stderr);
+        let waits = err.lines().find(|l| l.starts_with("trace: prefill")).and_then(|l| l.split(", ").last()).map(str::to_owned);
+        (v["tokens"].clone(), v["logprobs"].clone(), waits)
+    };
+    let (tokens, logprobs, waits) = gen(None);
+    assert!(tokens.as_array().is_some_and(|t| t.len() == 12), "{tokens}");
+    assert!(logprobs.as_array().is_some_and(|l| l.len() == 12), "{logprobs}");
+    // The test model has 2 layers: a bound of 1 waits once per chunk.
+    let (t, l, w) = gen(Some("1"));
+    assert_eq!(t, tokens, "MLX_GEN_PREFILL_LOOKAHEAD=1: tokens");
+    assert_eq!(l, logprobs, "MLX_GEN_PREFILL_LOOKAHEAD=1: log-probabilities");
+    assert_ne!(w, waits, "MLX_GEN_PREFILL_LOOKAHEAD=1: the trace shows no extra wait ({w:?} against {waits:?})");
+}

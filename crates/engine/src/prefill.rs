@@ -34,6 +34,45 @@ pub fn queue_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &Ar
     Ok(())
 }
 
+/// Layers a long forward pass (a prefill chunk of at least 256 positions) may queue ahead of the
+/// device before it waits for the oldest, from `MLX_GEN_PREFILL_LOOKAHEAD` (unset: no bound, the
+/// whole chunk is queued at once, as mlx-lm does). An experiment on the GPU's prefill peak (issue
+/// 22 item 4): MLX's CUDA backend keeps each queued kernel's arrays until the kernel has run, so a
+/// host that queues a whole 2048-position chunk while the device works on its first layers holds
+/// many layers' activations at once. Waiting changes no value, only when the host queues.
+pub fn lookahead_layers(positions: i32) -> Option<usize> {
+    static LAYERS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let layers = *LAYERS.get_or_init(|| std::env::var("MLX_GEN_PREFILL_LOOKAHEAD").ok().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0));
+    layers.filter(|_| positions >= 256)
+}
+
+/// The bound of [`lookahead_layers`] over one forward pass: each layer's output is queued, and once
+/// more than `layers` are in flight the oldest is waited for.
+pub struct Lookahead {
+    layers: Option<usize>,
+    queued: std::collections::VecDeque<Array>,
+}
+
+impl Lookahead {
+    /// For a forward pass over `positions` positions a row.
+    pub fn new(positions: i32) -> Lookahead {
+        Lookahead { layers: lookahead_layers(positions), queued: std::collections::VecDeque::new() }
+    }
+
+    /// After a layer: `h` (its output) queued; the device waited for while more than the bound are
+    /// queued. Nothing without a bound.
+    pub fn layer_done(&mut self, h: &Array) -> Result<()> {
+        let Some(n) = self.layers else { return Ok(()) };
+        mlx::async_eval(&[h])?;
+        self.queued.push_back(h.clone());
+        while self.queued.len() > n {
+            let oldest = self.queued.pop_front().expect("more than n > 0 queued");
+            mlx::eval(&[&oldest])?;
+        }
+        Ok(())
+    }
+}
+
 /// Prompt positions the batch engine prefills between two clearings of MLX's buffer cache.
 pub const BATCH_CLEAR_POSITIONS: usize = 2048;
 
@@ -55,13 +94,22 @@ pub fn prefill(
     if len < 1 {
         return Err(EngineError::Invalid("the prompt is empty: there is nothing to continue".into()));
     }
-    let mut start = 0;
+    let (t0, waits) = (std::time::Instant::now(), mlx::host_waits());
+    let (mut start, mut chunks) = (0, 0);
     while len - start > 1 {
         let n = (step.min(i32::MAX as usize) as i32).min(len - 1 - start);
         let chunk = prompt.slice_axis(1, start, start + n)?; // (B, n)
         prefill_chunk(model, cache, &chunk, kv_quant)?;
         each(&chunk)?;
         start += n;
+        chunks += 1;
+    }
+    if chunks > 0 && std::env::var_os("MLX_GEN_TRACE").is_some() {
+        eprintln!(
+            "trace: prefill {start} positions in {chunks} chunks, {:.1} ms, {} device waits",
+            1e3 * t0.elapsed().as_secs_f64(),
+            mlx::host_waits() - waits
+        );
     }
     Ok(prompt.slice_axis(1, start, len)?) // (B, 1)
 }

@@ -230,12 +230,14 @@ impl<T: Arch> Model for Stack<T> {
         if let Some(s) = &self.stage {
             h = s.receive(&h)?;
         }
+        let mut lookahead = crate::prefill::Lookahead::new(tokens.dim(1));
         for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
             let x = layer.input_layernorm.forward(&h)?;
             let r = self.arch.attend(&layer.self_attn, &x, self.first_layer + i, &masks, c.as_mut())?;
             let h1 = h.add(&r)?;
             let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
             h = h1.add(&r)?;
+            lookahead.layer_done(&h)?;
         }
         if let Some(s) = &self.stage {
             h = s.pass_on(&h)?;
