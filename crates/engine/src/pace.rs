@@ -2,23 +2,36 @@
 //! by measured wall time, so that speculation is never much slower than plain decoding.
 //!
 //! Generation alternates phases. A plain phase (pipelined plain decoding, as `Generator` runs it)
-//! measures seconds per token; a speculative phase measures seconds per handed-out token of its
-//! rounds (rejections, empty prompt-lookup rounds and the verification's host sync included) over
-//! its last few rounds. Once a speculative phase has a few rounds measured and is slower than the
-//! last plain phase by more than a small margin (one slow round, e.g. a KV buffer growing, must not
-//! send it back), generation goes plain for a stretch, which doubles each time speculation loses
-//! again (so probing a prompt where it never pays costs a few percent at most) and resets when it
-//! wins. The first interval after a switch (pipeline fill, the draft model catching up) is not
-//! measured. Each interval runs from one production event to the next, so the consumer's own time
-//! per token counts the same in both modes.
+//! measures seconds per token, as the median of its tokens' intervals (a one-time cost in a few of
+//! them, such as the GPU compiling a kernel at its first use right after the prompt, must not make
+//! plain decoding look slow: with the mean, a speculation at 0.6x plain once looked like a win and
+//! never fell back); a speculative phase measures seconds per handed-out token of its rounds
+//! (rejections, empty prompt-lookup rounds and the verification's host sync included) over its
+//! last few rounds. Once a speculative phase is slower than the last plain phase, generation goes
+//! plain for a stretch: a close call is judged after a few rounds with a small margin (one slow
+//! round, e.g. a KV buffer growing, must not send it back) and the stretch doubles each time; a
+//! clear loss is judged after two rounds (1.25x plain's time per token) and runs four stretches at
+//! once, or after one round (2x) and goes plain for the longest stretch (a draft that is rarely
+//! accepted costs a round of several steps per token: each probe of it is expensive, and it will
+//! not turn around soon). A win resets the stretch. The first interval after
+//! a switch (pipeline fill, the draft model catching up) is not measured. Each interval runs from
+//! one production event to the next, so the consumer's own time per token counts the same in both
+//! modes.
 use std::collections::VecDeque;
 use std::time::Instant;
 
-/// Speculative rounds measured before a phase is judged, and the rounds it is judged over.
+/// Speculative rounds measured before a close call is judged, and the rounds it is judged over.
 const PROBE_ROUNDS: usize = 4;
 const WINDOW: usize = 8;
 /// Speculation is given up when its seconds per token exceed plain decoding's by this factor.
 const MARGIN: f64 = 1.02;
+/// Clear losses: (seconds per token over plain's, rounds measured before judging, how many times
+/// the stretch this plain phase runs), the largest first. Anything else slower than `MARGIN` is
+/// judged after `PROBE_ROUNDS` and runs the stretch once. Each loss then doubles the stretch.
+/// Speculation at half plain's speed or worse (a draft model whose drafts are rarely accepted: a
+/// round of several steps per token) goes plain for the longest stretch at once, since every probe
+/// of it costs several tokens' time.
+const CLEAR_LOSSES: [(f64, usize, usize); 2] = [(2.0, 1, MAX_STRETCH), (1.25, 2, 4)];
 /// Plain tokens measured first, and the first stretch after speculation loses.
 const FIRST_STRETCH: usize = 16;
 const MAX_STRETCH: usize = 1024;
@@ -34,9 +47,9 @@ pub struct Pace {
     phase: Phase,
     /// Seconds per token of the last plain phase.
     plain: Option<f64>,
-    /// This phase's measurement: seconds and tokens (plain), or the last rounds' (seconds,
+    /// This phase's measurement: each token's seconds (plain), or the last rounds' (seconds,
     /// tokens) and the rounds measured (speculative).
-    sum_s: f64,
+    intervals: Vec<f64>,
     count: usize,
     window: VecDeque<(f64, usize)>,
     /// The first event of a phase is not measured.
@@ -53,7 +66,7 @@ impl Pace {
         Pace {
             phase: Phase::Plain { left: FIRST_STRETCH },
             plain: None,
-            sum_s: 0.0,
+            intervals: Vec::with_capacity(FIRST_STRETCH),
             count: 0,
             window: VecDeque::with_capacity(WINDOW),
             skip: true,
@@ -75,7 +88,7 @@ impl Pace {
 
     fn switch(&mut self, phase: Phase) {
         self.phase = phase;
-        self.sum_s = 0.0;
+        self.intervals.clear();
         self.count = 0;
         self.window.clear();
         self.skip = true;
@@ -97,24 +110,35 @@ impl Pace {
     /// A plain token was handed out.
     pub fn plain_token(&mut self) {
         let dt = self.interval();
+        self.plain_token_after(dt);
+    }
+
+    /// A plain token handed out `dt` seconds after the previous event (`None`: not measured).
+    fn plain_token_after(&mut self, dt: Option<f64>) {
         let Phase::Plain { left } = self.phase else { return };
         if let Some(dt) = dt {
-            self.sum_s += dt;
-            self.count += 1;
+            self.intervals.push(dt);
         }
         if left > 1 {
             self.phase = Phase::Plain { left: left - 1 };
             return;
         }
-        if self.count > 0 {
-            self.plain = Some(self.sum_s / self.count as f64);
+        if !self.intervals.is_empty() {
+            self.intervals.sort_by(f64::total_cmp);
+            self.plain = Some(self.intervals[self.intervals.len() / 2]);
         }
         self.switch(Phase::Spec);
     }
 
     /// A speculative round handed out `tokens` tokens.
     pub fn round(&mut self, tokens: usize) {
-        let Some(dt) = self.interval() else { return };
+        let dt = self.interval();
+        self.round_after(dt, tokens);
+    }
+
+    /// A speculative round that handed out `tokens` tokens in `dt` seconds (`None`: not measured).
+    fn round_after(&mut self, dt: Option<f64>, tokens: usize) {
+        let Some(dt) = dt else { return };
         if tokens == 0 {
             return;
         }
@@ -123,16 +147,20 @@ impl Pace {
         }
         self.window.push_back((dt, tokens));
         self.count += 1;
-        if self.count < PROBE_ROUNDS {
-            return;
-        }
         let Some(plain) = self.plain else { return };
         let (s, n) = self.window.iter().fold((0.0, 0), |(s, n), &(dt, k)| (s + dt, n + k));
-        if s / n as f64 > plain * MARGIN {
-            let stretch = self.stretch;
-            self.stretch = (2 * stretch).min(MAX_STRETCH);
+        let ratio = s / n as f64 / plain;
+        let clear = CLEAR_LOSSES.iter().find(|&&(over, rounds, _)| ratio > over && self.count >= rounds);
+        let lost = match clear {
+            Some(&(_, _, times)) => Some(times),
+            None if self.count >= PROBE_ROUNDS && ratio > MARGIN => Some(1),
+            None => None,
+        };
+        if let Some(times) = lost {
+            let left = self.stretch.saturating_mul(times).min(MAX_STRETCH);
+            self.stretch = (2 * left).min(MAX_STRETCH);
             self.fallbacks += 1;
-            self.switch(Phase::Plain { left: stretch });
+            self.switch(Phase::Plain { left });
         } else if self.count == PROBE_ROUNDS {
             self.stretch = FIRST_STRETCH;
         }
@@ -149,46 +177,85 @@ impl Default for Pace {
 mod tests {
     use super::*;
 
-    fn plain_phase(p: &mut Pace) -> usize {
+    /// A plain phase whose measured tokens take `dt` seconds each (the first is never measured);
+    /// the tokens it ran.
+    fn plain_phase(p: &mut Pace, dt: f64) -> usize {
         let mut n = 0;
         while let Phase::Plain { .. } = p.phase() {
-            p.plain_token();
+            p.plain_token_after((n > 0).then_some(dt));
+            n += 1;
+        }
+        n
+    }
+
+    /// Speculative rounds of `tokens` tokens in `dt` seconds each (the first not measured) until the
+    /// phase ends or `max` rounds ran; the rounds measured.
+    fn spec_phase(p: &mut Pace, dt: f64, tokens: usize, max: usize) -> usize {
+        p.round_after(None, tokens);
+        let mut n = 0;
+        while p.phase() == Phase::Spec && n < max {
+            p.round_after(Some(dt), tokens);
             n += 1;
         }
         n
     }
 
     #[test]
-    fn a_losing_speculation_falls_back_for_growing_stretches() {
+    fn plain_speed_is_the_median_of_its_tokens() {
         let mut p = Pace::new();
-        assert_eq!(plain_phase(&mut p), FIRST_STRETCH);
-        // Rounds are far slower per token than the plain tokens just measured (both ~0 s here,
-        // so make the rounds take real time).
-        p.plain = Some(1e-9);
-        for _ in 0..PROBE_ROUNDS + 1 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            p.round(1);
+        // The first measured plain token paid a one-time cost (a kernel compiled at first use).
+        p.plain_token_after(None);
+        p.plain_token_after(Some(0.5));
+        while let Phase::Plain { .. } = p.phase() {
+            p.plain_token_after(Some(0.005));
         }
-        assert_eq!(p.phase(), Phase::Plain { left: FIRST_STRETCH });
-        assert_eq!(plain_phase(&mut p), FIRST_STRETCH);
-        p.plain = Some(1e-9);
-        for _ in 0..PROBE_ROUNDS + 1 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-            p.round(1);
-        }
-        assert_eq!(p.phase(), Phase::Plain { left: 2 * FIRST_STRETCH });
+        assert_eq!(p.plain, Some(0.005));
+        // A speculation at 0.6x plain (one token per 8.3 ms) falls back, a clear loss after two
+        // rounds; against the mean plain time (38 ms) it would have looked a win.
+        assert_eq!(spec_phase(&mut p, 0.0083, 1, 50), 2);
+        assert!(matches!(p.phase(), Phase::Plain { .. }));
+    }
+
+    #[test]
+    fn a_close_loss_is_judged_after_a_few_rounds_and_doubles_the_stretch() {
+        let mut p = Pace::new();
+        assert_eq!(plain_phase(&mut p, 0.010), FIRST_STRETCH);
+        // 1.1x plain per token: a close call.
+        assert_eq!(spec_phase(&mut p, 0.033, 3, 50), PROBE_ROUNDS);
+        assert_eq!(plain_phase(&mut p, 0.010), FIRST_STRETCH);
+        assert_eq!(spec_phase(&mut p, 0.033, 3, 50), PROBE_ROUNDS);
+        assert_eq!(plain_phase(&mut p, 0.010), 2 * FIRST_STRETCH);
         assert_eq!(p.fallbacks, 3);
     }
 
     #[test]
-    fn a_winning_speculation_stays() {
+    fn a_clear_loss_is_judged_sooner_and_goes_plain_longer() {
+        // 1.5x plain: judged after two rounds, the stretch run 4x, then doubled.
         let mut p = Pace::new();
-        plain_phase(&mut p);
-        p.plain = Some(1.0); // a plain token took a second: every round here is faster
-        for _ in 0..50 {
-            p.round(3);
-            assert_eq!(p.phase(), Phase::Spec);
+        plain_phase(&mut p, 0.010);
+        assert_eq!(spec_phase(&mut p, 0.030, 2, 50), 2);
+        assert_eq!(plain_phase(&mut p, 0.010), 4 * FIRST_STRETCH);
+        assert_eq!(spec_phase(&mut p, 0.030, 2, 50), 2);
+        assert_eq!(plain_phase(&mut p, 0.010), MAX_STRETCH.min(32 * FIRST_STRETCH));
+        // 3x plain (a draft almost never accepted): judged after one round, the longest stretch at once.
+        let mut p = Pace::new();
+        plain_phase(&mut p, 0.010);
+        for _ in 0..3 {
+            assert_eq!(spec_phase(&mut p, 0.120, 4, 50), 1);
+            assert_eq!(plain_phase(&mut p, 0.010), MAX_STRETCH);
         }
-        assert_eq!(p.fallbacks, 1);
+    }
+
+    #[test]
+    fn a_winning_speculation_stays_and_resets_the_stretch() {
+        let mut p = Pace::new();
+        plain_phase(&mut p, 0.010);
+        assert_eq!(spec_phase(&mut p, 0.040, 2, 50), 2); // 2x: a clear loss
+        assert_eq!(plain_phase(&mut p, 0.010), 4 * FIRST_STRETCH);
+        // Now 3 tokens in 15 ms a round: 0.5x plain's time per token, for as long as it lasts.
+        assert_eq!(spec_phase(&mut p, 0.015, 3, 50), 50);
+        assert_eq!(p.phase(), Phase::Spec);
+        assert_eq!(p.stretch, FIRST_STRETCH);
+        assert_eq!(p.fallbacks, 2);
     }
 }
