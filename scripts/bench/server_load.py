@@ -38,6 +38,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -301,7 +302,15 @@ def write_json(path, doc):
             f.write("\n")
 
 
+def stop_on_sigterm(signum, frame):
+    """`timeout` (and a device call's limit) ends this script with SIGTERM: exit through the `finally`
+    blocks, so that the server it started stops too instead of running on (and holding the GPU) under
+    the next measurement."""
+    raise SystemExit(128 + signum)
+
+
 def main():
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="model folder (or repo id) both servers load")
     ap.add_argument("--server", default="mlx-gen,mlx_lm", help="comma list of mlx-gen, mlx_lm (default: both)")
