@@ -151,12 +151,11 @@ impl GatedAttention {
         let (h, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let heads = shard::check_divides("the attention heads", h, size)?;
         // repeat_kv_layer_inplace: more ranks than key/value heads -> each repeated size / kvh times.
-        let (k_proj, v_proj, kv_rows) = match size > kvh {
-            true => {
-                let times = shard::check_divides("the ranks per key/value head", size, kvh)?;
-                (self.k_proj.repeat_heads(kvh, times)?, self.v_proj.repeat_heads(kvh, times)?, size * hd)
-            }
-            false => (self.k_proj.clone(), self.v_proj.clone(), kvh * hd),
+        let (k_proj, v_proj, kv_rows) = if size > kvh {
+            let times = shard::check_divides("the ranks per key/value head", size, kvh)?;
+            (self.k_proj.repeat_heads(kvh, times)?, self.v_proj.repeat_heads(kvh, times)?, size * hd)
+        } else {
+            (self.k_proj.clone(), self.v_proj.clone(), kvh * hd)
         };
         let kv_heads = shard::check_divides("the key/value heads", kv_rows / hd, size)?;
         let split = |l: &Linear, rows: i32| l.shard(ShardMode::AllToSharded, &[rows], group);
