@@ -32,8 +32,8 @@
 #                       shapes (also at the end of `moe`); the batch engine's newcomers' prefill cost against its rows,
 #                       length and step budget (batch_step_cost --prefill)
 #   gpu_suite.sh next   what was built after the sixth lease: the folded composed attention (the batch step at
-#                       1/8/32 rows on both dense shapes, a verification round, the server at 8/32 streams against
-#                       mlx_lm.server: `serving`), MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
+#                       1/8/32 rows on both dense shapes, a verification round; the server's figures are `serving`'s),
+#                       MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.

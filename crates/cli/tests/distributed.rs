@@ -239,13 +239,14 @@ fn qwen35_one_kv_head() -> &'static Path {
         let tensors: Vec<(String, mlx::Array)> = st
             .tensors
             .into_iter()
-            .map(|(name, a)| match name.ends_with("self_attn.k_proj.weight") || name.ends_with("self_attn.v_proj.weight") {
-                true => {
+            .map(|(name, a)| {
+                if name.ends_with("self_attn.k_proj.weight") || name.ends_with("self_attn.v_proj.weight") {
                     assert_eq!(a.dim(0), kv_heads * head_dim, "{name}");
                     kept += 1;
                     (name, a.slice_axis(0, 0, head_dim).unwrap()) // (head_dim, hidden)
+                } else {
+                    (name, a)
                 }
-                false => (name, a),
             })
             .collect();
         assert!(kept >= 2, "no attention layer in the source model");

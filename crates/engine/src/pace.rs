@@ -13,10 +13,10 @@
 //! clear loss is judged after two rounds (1.25x plain's time per token) and runs four stretches at
 //! once; at 1.5x it goes plain for the longest stretch, judged after one round where no draft was
 //! accepted (a draft that is rarely accepted costs a round of several steps per token: each probe
-//! of it is expensive, and it will not turn around soon). A win resets the stretch. The first interval after
-//! a switch (pipeline fill, the draft model catching up) is not measured. Each interval runs from
-//! one production event to the next, so the consumer's own time per token counts the same in both
-//! modes.
+//! of it is expensive, and it will not turn around soon). A win resets the stretch. The first
+//! interval after a switch (pipeline fill, the draft model catching up) is not measured. Each
+//! interval runs from one production event to the next, so the consumer's own time per token
+//! counts the same in both modes.
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -50,10 +50,10 @@ pub struct Pace {
     phase: Phase,
     /// Seconds per token of the last plain phase.
     plain: Option<f64>,
-    /// This phase's measurement: each token's seconds (plain), or the last rounds' (seconds,
-    /// tokens) and the rounds measured (speculative).
+    /// A plain phase's measurement: each token's seconds.
     intervals: Vec<f64>,
-    count: usize,
+    /// A speculative phase's measurement: its last rounds' (seconds, tokens), at most `WINDOW`
+    /// (fewer: the rounds measured so far).
     window: VecDeque<(f64, usize)>,
     /// The first event of a phase is not measured.
     skip: bool,
@@ -70,7 +70,6 @@ impl Pace {
             phase: Phase::Plain { left: FIRST_STRETCH },
             plain: None,
             intervals: Vec::with_capacity(FIRST_STRETCH),
-            count: 0,
             window: VecDeque::with_capacity(WINDOW),
             skip: true,
             stretch: FIRST_STRETCH,
@@ -92,7 +91,6 @@ impl Pace {
     fn switch(&mut self, phase: Phase) {
         self.phase = phase;
         self.intervals.clear();
-        self.count = 0;
         self.window.clear();
         self.skip = true;
     }
@@ -149,16 +147,16 @@ impl Pace {
             self.window.pop_front();
         }
         self.window.push_back((dt, tokens));
-        self.count += 1;
+        let rounds = self.window.len();
         let Some(plain) = self.plain else { return };
         let (s, n) = self.window.iter().fold((0.0, 0), |(s, n), &(dt, k)| (s + dt, n + k));
         let ratio = s / n as f64 / plain;
         let nothing_accepted = self.window.iter().all(|&(_, k)| k == 1);
-        let lost = if ratio > HOPELESS && (self.count >= 2 || nothing_accepted) {
+        let lost = if ratio > HOPELESS && (rounds >= 2 || nothing_accepted) {
             Some(MAX_STRETCH)
-        } else if ratio > CLEAR && self.count >= 2 {
+        } else if ratio > CLEAR && rounds >= 2 {
             Some(4)
-        } else if ratio > MARGIN && self.count >= PROBE_ROUNDS {
+        } else if ratio > MARGIN && rounds >= PROBE_ROUNDS {
             Some(1)
         } else {
             None
@@ -168,7 +166,7 @@ impl Pace {
             self.stretch = (2 * left).min(MAX_STRETCH);
             self.fallbacks += 1;
             self.switch(Phase::Plain { left });
-        } else if self.count == PROBE_ROUNDS {
+        } else if rounds == PROBE_ROUNDS {
             self.stretch = FIRST_STRETCH;
         }
     }

@@ -40,7 +40,7 @@ pub fn queue_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &Ar
 /// 22 item 4): MLX's CUDA backend keeps each queued kernel's arrays until the kernel has run, so a
 /// host that queues a whole 2048-position chunk while the device works on its first layers holds
 /// many layers' activations at once. Waiting changes no value, only when the host queues.
-pub fn lookahead_layers(positions: i32) -> Option<usize> {
+fn lookahead_layers(positions: i32) -> Option<usize> {
     static LAYERS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let layers = *LAYERS.get_or_init(|| std::env::var("MLX_GEN_PREFILL_LOOKAHEAD").ok().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0));
     layers.filter(|_| positions >= 256)
