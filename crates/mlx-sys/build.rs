@@ -31,6 +31,8 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/shim.h");
     println!("cargo:rerun-if-changed=shim/distributed.cpp");
     println!("cargo:rerun-if-changed=shim/recurrent.cpp");
+    println!("cargo:rerun-if-changed=shim/norm.cpp");
+    println!("cargo:rerun-if-changed=shim/internal.h");
 
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
     let backend = env::var("MLX_GEN_BACKEND").unwrap_or_else(|_| if macos { "metal" } else { "cpu" }.into());
@@ -50,6 +52,7 @@ fn main() {
         .file("shim/shim.cpp")
         .file("shim/distributed.cpp")
         .file("shim/recurrent.cpp")
+        .file("shim/norm.cpp")
         .flag(format!("-isystem{}", include.display()))
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(true)

@@ -34,6 +34,9 @@
 #   gpu_suite.sh next   what was built after the sixth lease: the folded composed attention (the batch step at
 #                       1/8/32 rows on both dense shapes, a verification round; the server's figures are `serving`'s),
 #                       MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
+#   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
+#   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
+#                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
 #                       growing, padded batch step cost, server at 8/32 streams (about 4 minutes)
 # Prints and writes to $OUT (or ./gpu-results). $MODELS (default /tmp/models) caches the random-weight shapes.
@@ -111,6 +114,18 @@ print(f"single: {a.get('generation_tps')} tok/s, tp2 ring: {b.get('generation_tp
 EOF
   env $tuned ./mlx-gen bench --model "$d" -p 512 -g 128 -n 2 --json | med
   env $tuned ./mlx-gen launch --hosts 127.0.0.1,127.0.0.1 --backend ring --timeout 120 -- bench --model "$d" -p 512 -g 128 -n 2 --json | med
+  ;;
+fallback)
+  # Issue 19 item 3, the fallback's share of `round`: prompt lookup (K=4) on the code-editing prompt (high
+  # acceptance) and on a random one (little to look up: it must go plain), each bench run against plain decoding.
+  python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
+  for s in qwen3-0.6b llama-3.2-3b; do
+    d=$(shape_dir $s)
+    echo "== $s prompt lookup 3, K=4, code-editing prompt, with the fallback"
+    ./mlx-gen bench -n 3 --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens 4 2>&1 | grep -E "^(Averages|Speculative)"
+    echo "== $s prompt lookup 3, K=4, random prompt, with the fallback"
+    ./mlx-gen bench -n 3 --model "$d" -p 512 -g 256 --prompt-lookup 3 --num-draft-tokens 4 2>&1 | grep -E "^(Averages|Speculative)"
+  done
   ;;
 serving)
   for s in qwen3-0.6b llama-3.2-3b; do
@@ -297,6 +312,34 @@ diag)
   MLX_GEN_TRACE=1 timeout 200 ./batch_step_cost "$(shape_dir qwen3-0.6b)" --prefill 1x256 1x2048 8x256@512 8x256@2048 \
       8x256@8192 32x256@2048 32x256@8192 2>&1 | grep -E "trial [02]|rror"
   ;;
+fusednorm)
+  # The residual add fused with the RMS norm after it (MLX_GEN_FUSED_NORM=1: one kernel for two, twice a layer).
+  # First its rounding: greedy tokens and log-probabilities with and without it, 64 tokens, on shapes whose
+  # hidden sizes take each of MLX's rms_norm launch shapes (576, 1024, 3072, 3584; the real models too when
+  # $REAL has them): equal log-probabilities mean bit-for-bit MLX's two kernels. Then decode and prefill,
+  # alternating, 3 rounds, same MLX settings (FN_SHAPES to choose).
+  dirs=(); for d in "${REAL:-/tmp/real}"/*/; do [ -f "$d/config.json" ] && dirs+=("${d%/}"); done
+  for s in ${FN_SHAPES:-smollm2-135m qwen3-0.6b llama-3.2-3b qwen2.5-7b}; do dirs+=("$(shape_dir "$s")"); done
+  for d in "${dirs[@]}"; do
+    for f in 0 1; do
+      MLX_GEN_FUSED_NORM=$f ./mlx-gen generate --model "$d" --prompt "The capital of France is" -m 64 --temp 0 \
+        --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/fn$f.json"
+    done
+    echo "== $(basename "$d") fused norm against MLX's two kernels: $(python3 -c "
+import json; a, b = (json.load(open(f'/tmp/fn{f}.json')) for f in (0, 1))
+n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
+d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
+print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')")"
+  done
+  for s in ${FN_SHAPES:-qwen3-0.6b llama-3.2-3b qwen2.5-7b}; do
+    d=$(shape_dir "$s")
+    for r in 1 2 3; do
+      for f in 0 1; do
+        echo "== $s round $r MLX_GEN_FUSED_NORM=$f: $(MLX_GEN_FUSED_NORM=$f MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+      done
+    done
+  done
+  ;;
 next)
   # What was built after the sixth lease, first on a fresh machine: the composed attention with each kv head's
   # query-head group folded into the query positions (it broadcast k/v, which MLX's CUDA matmul ran as one cuBLAS
@@ -317,6 +360,6 @@ next)
     MLX_GEN_GDN_NOFMA=$nf timeout 150 python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m 64 "$d35" | cut -c1-300
   done
   ;;
-*) echo "unknown section $section (next, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (next, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

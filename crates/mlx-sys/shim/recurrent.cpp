@@ -1,7 +1,7 @@
 // mlx-gen's C ABI for recurrent (linear-attention) layers: the short causal convolution, and the
 // compiled pieces of mlx-lm's gated_delta.py and activations.py, written operation for operation
 // as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless).
-#include "shim.h"
+#include "internal.h"
 
 #include <mlx/backend/cuda/cuda.h>
 #include <mlx/backend/metal/metal.h>
@@ -12,43 +12,12 @@
 #include <string>
 #include <vector>
 
-namespace mx = mlx::core;
-
-// The same definition as in shim.cpp: an owned mx::array.
-struct mlxs_array_ {
-  mx::array a;
-};
-
-// shim.cpp's: keeps the text read back by mlxs_last_error().
-extern "C" void mlxs_keep_error(const char* what);
-
 namespace {
 
+using shim::rarr;
+using shim::rguard;
+using shim::rwrap;
 using Fn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
-
-template <class F>
-int rguard(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    mlxs_keep_error(e.what());
-  } catch (...) {
-    mlxs_keep_error("unknown C++ exception");
-  }
-  return 1;
-}
-
-const mx::array& rarr(const mlxs_array a) {
-  if (a == nullptr) {
-    throw std::invalid_argument("null array handle");
-  }
-  return a->a;
-}
-
-mlxs_array rwrap(mx::array a) {
-  return new mlxs_array_{std::move(a)};
-}
 
 // A compiled function built once and never destroyed (see mlxs_swiglu in shim.cpp).
 const Fn* compiled(Fn f, bool shapeless) {

@@ -118,6 +118,12 @@ int mlxs_gated_delta_kernel_available(void);
 int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
                             const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
                             const mlxs_array mask);
+/* the residual add fused with the RMS norm after it (norm.cpp): h = x + y, out = rms_norm(h, w, eps);
+   kernel = 1: one GPU kernel where it runs (same shape and dtype of x, y, w's length D), else MLX's
+   two operations. Available: 0 none (the CPU), 1 CUDA, 2 Metal. */
+int mlxs_add_rms_norm_kernel_available(void);
+int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const mlxs_array y, const mlxs_array w,
+                      float eps, int kernel);
 int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x);
 /* rope from position `offset`, or from offsets[b] for batch row b when `offsets` (B,) int32 is given */
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,

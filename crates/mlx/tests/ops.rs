@@ -58,3 +58,25 @@ fn quantize_round_trip() {
     let back = ops::dequantize(&qw, &s, Some(&b), q).unwrap().to_vec::<f32>().unwrap();
     assert!(back.iter().enumerate().all(|(i, v)| (v - i as f32).abs() < 0.5));
 }
+
+#[test]
+fn add_rms_norm_is_the_add_then_the_norm() {
+    // h = x + y; out = h / sqrt(mean(h^2) + eps) * w, per row (hand-worked for row 0: h = [3, 4],
+    // mean 12.5). With or without the kernel asked for, the CPU gives MLX's two operations.
+    let x = Array::from_slice(&[1.0f32, 2.0, -1.0, 0.5], &[1, 2, 2]).unwrap();
+    let y = Array::from_slice(&[2.0f32, 2.0, 0.0, 0.5], &[1, 2, 2]).unwrap();
+    let w = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    for kernel in [false, true] {
+        let (h, out) = fast::add_rms_norm(&x, &y, &w, 0.0, kernel).unwrap();
+        assert_eq!(h.shape(), vec![1, 2, 2]);
+        assert_eq!(h.to_vec::<f32>().unwrap(), vec![3.0, 4.0, -1.0, 1.0]);
+        let out = out.to_vec::<f32>().unwrap();
+        let r0 = 12.5f32.sqrt();
+        for (got, want) in out.iter().zip([3.0 / r0, 8.0 / r0, -1.0, 2.0]) {
+            assert!((got - want).abs() < 1e-6, "{out:?}");
+        }
+    }
+    // Inputs the kernel does not take (mixed dtypes) still give the add and the norm.
+    let (h, _) = fast::add_rms_norm(&x, &y.astype(Dtype::BF16).unwrap(), &w, 1e-5, true).unwrap();
+    assert_eq!(h.dtype(), Dtype::F32);
+}

@@ -231,18 +231,36 @@ impl<T: Arch> Model for Stack<T> {
             h = s.receive(&h)?;
         }
         let mut lookahead = crate::prefill::Lookahead::new(tokens.dim(1));
+        // Each residual add is taken with the norm after it (RmsNorm::add_forward): the layer's
+        // feed-forward output with the next layer's input norm, the last layer's with the final
+        // norm (unless a pipeline stage hands its residual stream on first).
+        let mut x = match self.layers.first() {
+            Some(layer) => layer.input_layernorm.forward(&h)?,
+            None => h.clone(),
+        };
+        let mut normed = None;
         for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
-            let x = layer.input_layernorm.forward(&h)?;
             let r = self.arch.attend(&layer.self_attn, &x, self.first_layer + i, &masks, c.as_mut())?;
-            let h1 = h.add(&r)?;
-            let r = layer.mlp.forward(&layer.post_attention_layernorm.forward(&h1)?)?;
-            h = h1.add(&r)?;
+            let (h1, x2) = layer.post_attention_layernorm.add_forward(&h, &r)?;
+            let r = layer.mlp.forward(&x2)?;
+            (h, x) = match (self.layers.get(i + 1), &self.stage) {
+                (Some(next), _) => next.input_layernorm.add_forward(&h1, &r)?,
+                (None, None) => {
+                    let (h2, n) = self.norm.add_forward(&h1, &r)?;
+                    normed = Some(n);
+                    (h2, x)
+                }
+                (None, Some(_)) => (h1.add(&r)?, x),
+            };
             lookahead.layer_done(&h)?;
         }
         if let Some(s) = &self.stage {
             h = s.pass_on(&h)?;
         }
-        let h = self.norm.forward(&h)?;
+        let h = match normed {
+            Some(n) => n,
+            None => self.norm.forward(&h)?,
+        };
         match (&self.lm_head, &self.vocab_group) {
             (Some(head), Some(g)) => crate::shard::gather_last_axis(&head.forward(&h)?, g), // (B, L, vocab / N) gathered
             (Some(head), None) => head.forward(&h),

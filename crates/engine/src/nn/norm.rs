@@ -1,4 +1,4 @@
-//! `nn.RMSNorm` through MLX's fused kernel.
+//! `nn.RMSNorm` through MLX's fused kernel, and the residual add before it fused in (GPU).
 use crate::error::Result;
 use checkpoint::Vb;
 use mlx::{fast, Array};
@@ -21,4 +21,20 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
+
+    /// The residual add and this norm: (h = x + y, norm(h)), both (B, L, dims). On a GPU with
+    /// `MLX_GEN_FUSED_NORM=1`, one kernel instead of MLX's two (a decoder layer has two such
+    /// pairs: two kernels less per layer and token for the host to encode); elsewhere MLX's two
+    /// operations, the same arrays.
+    pub fn add_forward(&self, x: &Array, y: &Array) -> Result<(Array, Array)> {
+        Ok(fast::add_rms_norm(x, y, &self.weight, self.eps, fused_add_norm())?)
+    }
+}
+
+/// `MLX_GEN_FUSED_NORM=1`: the residual add and the RMS norm after it as one GPU kernel (CUDA;
+/// Metal's, written to the same formula, untried). Off until its rounding is checked against
+/// MLX's two kernels on the GPU (`gpu_suite.sh fusednorm`).
+fn fused_add_norm() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MLX_GEN_FUSED_NORM").is_some_and(|v| v == "1"))
 }
