@@ -74,19 +74,28 @@ fn check(label: &str, m: &LoadedModel, spec: Speculation<'_>, seqs: &[Seq]) -> S
     let mut before = 0;
     let (mut alone_first, mut alone_after) = (0, 0);
     let mut others_seen = false;
-    for &(others, SpecStats { proposed, .. }) in &trail {
+    // Plain phases the fallback began once the others had left.
+    let (mut fallbacks_after, mut fallbacks_before) = (0, None);
+    for &(others, SpecStats { proposed, fallbacks, .. }) in &trail {
         if others {
             assert_eq!(proposed, before, "{label}: drafts were proposed while other sequences ran: {trail:?}");
             others_seen = true;
         } else if others_seen {
             alone_after += proposed - before;
+            fallbacks_after = fallbacks - *fallbacks_before.get_or_insert(fallbacks);
         } else {
             alone_first += proposed - before;
         }
         before = proposed;
     }
     assert!(others_seen, "{label}: the sequences never ran together");
-    assert!((alone_first > 0 || spec.config.fallback) && alone_after > 0, "{label}: the first sequence did not speculate both before ({alone_first}) and after ({alone_after}) the others: {trail:?}");
+    // With the fallback on, rounds alone may measure slower than plain decoding (nothing to look
+    // up, a busy machine) and go plain before any draft: plain is what the fallback is for.
+    let fallback = spec.config.fallback;
+    assert!(
+        (alone_first > 0 || fallback) && (alone_after > 0 || fallback && fallbacks_after > 0),
+        "{label}: the first sequence did not speculate both before ({alone_first}) and after ({alone_after}) the others: {trail:?}"
+    );
     trail.last().map(|&(_, s)| s).unwrap_or_default()
 }
 

@@ -31,9 +31,10 @@ const CLEAR: f64 = 1.25;
 /// Speculation at two thirds of plain's speed or worse (a draft model whose drafts are rarely
 /// accepted: a round of several steps per token; or one as deep as the target on a device where a
 /// step's cost is the host's, however small the model) goes plain for the longest stretch at once,
-/// since every probe of it costs several tokens' time: judged after 2 rounds, or after 1 where no
-/// draft was accepted (a round that hands out several tokens may have paid a one-time cost, a
-/// kernel compiled at its first use, and is not judged alone).
+/// since every probe of it costs several tokens' time: judged after 2 rounds, or after 1 where
+/// drafts were proposed and none accepted (a round that hands out several tokens may have paid a
+/// one-time cost, a kernel compiled at its first use, and is not judged alone; nor is a round
+/// without drafts, prompt lookup finding nothing: it says nothing of the drafts to come).
 const HOPELESS: f64 = 1.5;
 /// Plain tokens measured first, and the first stretch after speculation loses.
 const FIRST_STRETCH: usize = 16;
@@ -52,9 +53,9 @@ pub struct Pace {
     plain: Option<f64>,
     /// A plain phase's measurement: each token's seconds.
     intervals: Vec<f64>,
-    /// A speculative phase's measurement: its last rounds' (seconds, tokens), at most `WINDOW`
-    /// (fewer: the rounds measured so far).
-    window: VecDeque<(f64, usize)>,
+    /// A speculative phase's measurement: its last rounds' (seconds, tokens, whether it had
+    /// drafts), at most `WINDOW` (fewer: the rounds measured so far).
+    window: VecDeque<(f64, usize, bool)>,
     /// The first event of a phase is not measured.
     skip: bool,
     stretch: usize,
@@ -131,14 +132,15 @@ impl Pace {
         self.switch(Phase::Spec);
     }
 
-    /// A speculative round handed out `tokens` tokens.
-    pub fn round(&mut self, tokens: usize) {
+    /// A speculative round handed out `tokens` tokens; `drafted`: it verified drafts (prompt
+    /// lookup may find none).
+    pub fn round(&mut self, tokens: usize, drafted: bool) {
         let dt = self.interval();
-        self.round_after(dt, tokens);
+        self.round_after(dt, tokens, drafted);
     }
 
     /// A speculative round that handed out `tokens` tokens in `dt` seconds (`None`: not measured).
-    fn round_after(&mut self, dt: Option<f64>, tokens: usize) {
+    fn round_after(&mut self, dt: Option<f64>, tokens: usize, drafted: bool) {
         let Some(dt) = dt else { return };
         if tokens == 0 {
             return;
@@ -146,13 +148,13 @@ impl Pace {
         if self.window.len() == WINDOW {
             self.window.pop_front();
         }
-        self.window.push_back((dt, tokens));
+        self.window.push_back((dt, tokens, drafted));
         let rounds = self.window.len();
         let Some(plain) = self.plain else { return };
-        let (s, n) = self.window.iter().fold((0.0, 0), |(s, n), &(dt, k)| (s + dt, n + k));
+        let (s, n) = self.window.iter().fold((0.0, 0), |(s, n), &(dt, k, _)| (s + dt, n + k));
         let ratio = s / n as f64 / plain;
-        let nothing_accepted = self.window.iter().all(|&(_, k)| k == 1);
-        let lost = if ratio > HOPELESS && (rounds >= 2 || nothing_accepted) {
+        let all_rejected = self.window.iter().all(|&(_, k, drafted)| drafted && k == 1);
+        let lost = if ratio > HOPELESS && (rounds >= 2 || all_rejected) {
             Some(MAX_STRETCH)
         } else if ratio > CLEAR && rounds >= 2 {
             Some(4)
@@ -196,10 +198,10 @@ mod tests {
     /// Speculative rounds of `tokens` tokens in `dt` seconds each (the first not measured) until the
     /// phase ends or `max` rounds ran; the rounds measured.
     fn spec_phase(p: &mut Pace, dt: f64, tokens: usize, max: usize) -> usize {
-        p.round_after(None, tokens);
+        p.round_after(None, tokens, true);
         let mut n = 0;
         while p.phase() == Phase::Spec && n < max {
-            p.round_after(Some(dt), tokens);
+            p.round_after(Some(dt), tokens, true);
             n += 1;
         }
         n
@@ -266,5 +268,18 @@ mod tests {
         assert_eq!(p.phase(), Phase::Spec);
         assert_eq!(p.stretch, FIRST_STRETCH);
         assert_eq!(p.fallbacks, 2);
+    }
+
+    #[test]
+    fn a_round_without_drafts_is_not_judged_alone() {
+        // Prompt lookup found nothing: one slow round of one token is not a hopeless draft.
+        let mut p = Pace::new();
+        plain_phase(&mut p, 0.010);
+        p.round_after(None, 1, false);
+        p.round_after(Some(0.030), 1, false);
+        assert_eq!(p.phase(), Phase::Spec);
+        // A second such round is (3x plain over two rounds: the longest stretch).
+        p.round_after(Some(0.030), 1, false);
+        assert_eq!(p.phase(), Phase::Plain { left: MAX_STRETCH });
     }
 }

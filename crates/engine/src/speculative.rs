@@ -582,7 +582,7 @@ impl<'m> SpeculativeGenerator<'m> {
         self.stats.round_tokens += handed;
         self.stats.round_s += t0.elapsed().as_secs_f64();
         if let Some(p) = self.pace.as_mut() {
-            p.round(handed);
+            p.round(handed, num_draft > 0);
         }
     }
 }

@@ -6,7 +6,10 @@
 
 #include <mlx/mlx.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace mx = mlx::core;
@@ -44,6 +47,19 @@ inline const mx::array& rarr(const mlxs_array a) {
 
 inline mlxs_array rwrap(mx::array a) {
   return new mlxs_array_{std::move(a)};
+}
+
+// A custom kernel's name with a hash of its source appended: MLX's CUDA backend caches compiled
+// kernels on disk by name (MLX_PTX_CACHE_DIR, default $TMPDIR/mlx/<version>/ptx), so a kernel
+// whose source changed between mlx-gen versions must not keep its old name.
+inline std::string kernel_name(const std::string& base, const std::string& source) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : source) {
+    h = (h ^ c) * 1099511628211ull;
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return base + "_" + hex;
 }
 
 }  // namespace shim

@@ -128,11 +128,12 @@ const mx::fast::CustomKernelFunction& kernel_for(float eps, bool cuda) {
   std::lock_guard<std::mutex> held(lock);
   auto& slot = kernels[bits];
   if (slot == nullptr) {
-    std::string name = "mlxgen_add_rms_norm_" + std::to_string(bits);
     std::vector<std::string> in{"x", "y", "w"}, out{"h", "out"};
+    std::string body = cuda ? cuda_body(bits) : metal_body(bits);
+    std::string name = shim::kernel_name("mlxgen_add_rms_norm", body);
     slot = new mx::fast::CustomKernelFunction(
-        cuda ? mx::fast::cuda_kernel(name, in, out, cuda_body(bits), "#include <cooperative_groups/reduce.h>\n")
-             : mx::fast::metal_kernel(name, in, out, metal_body(bits)));
+        cuda ? mx::fast::cuda_kernel(name, in, out, body, "#include <cooperative_groups/reduce.h>\n")
+             : mx::fast::metal_kernel(name, in, out, body));
   }
   return *slot;
 }

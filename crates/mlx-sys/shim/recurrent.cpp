@@ -140,10 +140,11 @@ const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
     bool cuda = mx::cu::is_available();
     const char* nofma = std::getenv("MLX_GEN_GDN_NOFMA");
     bool exact = cuda && nofma != nullptr && std::string(nofma) == "1";
-    std::string name = std::string(masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta") + (exact ? "_exact" : "");
+    std::string body = delta_kernel_body(cuda, masked, exact);
+    std::string name = shim::kernel_name(masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta", body);
     slot = new mx::fast::CustomKernelFunction(
-        cuda ? mx::fast::cuda_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(true, masked, exact))
-             : mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, delta_kernel_body(false, masked, false)));
+        cuda ? mx::fast::cuda_kernel(name, inputs, {"y", "state_out"}, body)
+             : mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, body));
   }
   return *slot;
 }
