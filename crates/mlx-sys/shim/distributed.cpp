@@ -1,6 +1,6 @@
 // mlx-gen's C ABI over MLX distributed (groups and collectives); errors are kept per thread and read
 // with mlxs_dist_last_error(), apart from shim.cpp's, so that the two files share no state.
-#include "shim.h"
+#include "internal.h"
 
 #include <mlx/distributed/distributed.h>
 #include <mlx/distributed/ops.h>
@@ -8,19 +8,16 @@
 
 #include <string>
 
-namespace mx = mlx::core;
 namespace md = mlx::core::distributed;
-
-// The same definition as in shim.cpp: an owned mx::array.
-struct mlxs_array_ {
-  mx::array a;
-};
 
 struct mlxs_group_ {
   md::Group g;
 };
 
 namespace {
+
+using shim::arr;
+using shim::wrap;
 
 thread_local std::string g_dist_error;
 
@@ -37,22 +34,11 @@ int dguard(F&& f) {
   return 1;
 }
 
-const mx::array& darr(const mlxs_array a) {
-  if (a == nullptr) {
-    throw std::invalid_argument("null array handle");
-  }
-  return a->a;
-}
-
 const md::Group& grp(const mlxs_group g) {
   if (g == nullptr) {
     throw std::invalid_argument("null group handle");
   }
   return g->g;
-}
-
-mlxs_array dwrap(mx::array a) {
-  return new mlxs_array_{std::move(a)};
 }
 
 }  // namespace
@@ -92,19 +78,19 @@ int mlxs_group_split(mlxs_group* out, const mlxs_group g, int color, int key) {
 }
 
 int mlxs_dist_all_sum(mlxs_array* out, const mlxs_array x, const mlxs_group g) {
-  return dguard([&] { *out = dwrap(md::all_sum(darr(x), grp(g))); });
+  return dguard([&] { *out = wrap(md::all_sum(arr(x), grp(g))); });
 }
 
 int mlxs_dist_all_gather(mlxs_array* out, const mlxs_array x, const mlxs_group g) {
-  return dguard([&] { *out = dwrap(md::all_gather(darr(x), grp(g))); });
+  return dguard([&] { *out = wrap(md::all_gather(arr(x), grp(g))); });
 }
 
 int mlxs_dist_send(mlxs_array* out, const mlxs_array x, int dst, const mlxs_group g) {
-  return dguard([&] { *out = dwrap(md::send(darr(x), dst, grp(g))); });
+  return dguard([&] { *out = wrap(md::send(arr(x), dst, grp(g))); });
 }
 
 int mlxs_dist_recv_like(mlxs_array* out, const mlxs_array like, int src, const mlxs_group g) {
-  return dguard([&] { *out = dwrap(md::recv_like(darr(like), src, grp(g))); });
+  return dguard([&] { *out = wrap(md::recv_like(arr(like), src, grp(g))); });
 }
 
 }  // extern "C"

@@ -1,9 +1,12 @@
-// What the shim's files beside shim.cpp share (recurrent.cpp, norm.cpp): the owned-array handle,
-// the exception guard that reports through mlxs_last_error(), and handle conversion.
+// What the shim's files share: the owned-array handle, the exception guard that reports through
+// mlxs_last_error() (distributed.cpp keeps errors of its own), handle conversion, and what custom
+// GPU kernels need (recurrent.cpp, norm.cpp).
 #pragma once
 
 #include "shim.h"
 
+#include <mlx/backend/cuda/cuda.h>
+#include <mlx/backend/metal/metal.h>
 #include <mlx/mlx.h>
 
 #include <cstdint>
@@ -14,7 +17,7 @@
 
 namespace mx = mlx::core;
 
-// The same definition as in shim.cpp: an owned mx::array.
+// An owned mx::array.
 struct mlxs_array_ {
   mx::array a;
 };
@@ -26,7 +29,7 @@ namespace shim {
 
 // Runs f; a C++ exception becomes status 1 and its text is kept for mlxs_last_error().
 template <class F>
-int rguard(F&& f) {
+int guard(F&& f) {
   try {
     f();
     return 0;
@@ -38,15 +41,27 @@ int rguard(F&& f) {
   return 1;
 }
 
-inline const mx::array& rarr(const mlxs_array a) {
+inline const mx::array& arr(const mlxs_array a) {
   if (a == nullptr) {
     throw std::invalid_argument("null array handle");
   }
   return a->a;
 }
 
-inline mlxs_array rwrap(mx::array a) {
+inline mlxs_array wrap(mx::array a) {
   return new mlxs_array_{std::move(a)};
+}
+
+// The default device's GPU backend for custom kernels: 0 none (the CPU), 1 CUDA, 2 Metal.
+inline int kernel_backend() {
+  try {
+    if (mx::default_device() != mx::Device::gpu) {
+      return 0;
+    }
+    return mx::cu::is_available() ? 1 : mx::metal::is_available() ? 2 : 0;
+  } catch (...) {
+    return 0;
+  }
 }
 
 // A custom kernel's name with a hash of its source appended: MLX's CUDA backend caches compiled

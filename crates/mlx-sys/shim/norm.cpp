@@ -17,8 +17,6 @@
 // MLX_GEN_FUSED_NORM=1 asks for it (not tried: no Mac here).
 #include "internal.h"
 
-#include <mlx/backend/cuda/cuda.h>
-#include <mlx/backend/metal/metal.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -30,9 +28,9 @@
 
 namespace {
 
-using shim::rarr;
-using shim::rguard;
-using shim::rwrap;
+using shim::arr;
+using shim::guard;
+using shim::wrap;
 
 // Inputs x, y (rows, D) and w (D,); outputs h = x + y and out = the normed h. Template arguments:
 // T, D, BLOCK (threads a row), CHUNKS (rounds of NR-element vectors a thread takes), NR. eps is
@@ -165,32 +163,23 @@ bool cuda_launch(int d, int nr, int& block, int& chunks) {
 
 }  // namespace
 
-int mlxs_add_rms_norm_kernel_available(void) {
-  try {
-    if (mx::default_device() != mx::Device::gpu) {
-      return 0;
-    }
-    return mx::cu::is_available() ? 1 : mx::metal::is_available() ? 2 : 0;
-  } catch (...) {
-    return 0;
-  }
-}
-
 int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const mlxs_array y, const mlxs_array w,
                       float eps, int kernel) {
-  return rguard([&] {
-    const auto &xa = rarr(x), &ya = rarr(y), &wa = rarr(w);
+  return guard([&] {
+    const auto &xa = arr(x), &ya = arr(y), &wa = arr(w);
+    // The kernel's launch (CUDA: threads a row and rounds, as MLX's RMSNorm picks them); none where
+    // it was not asked for, no GPU backend runs it, or the inputs do not suit it.
+    const int backend = kernel == 0 ? 0 : shim::kernel_backend();
     const int d = xa.ndim() > 0 ? xa.shape(-1) : 0;
-    const bool same = ya.shape() == xa.shape() && ya.dtype() == xa.dtype() && wa.dtype() == xa.dtype() &&
-                      wa.ndim() == 1 && wa.shape(0) == d && d > 0;
-    const bool floating = xa.dtype() == mx::bfloat16 || xa.dtype() == mx::float16 || xa.dtype() == mx::float32;
-    const bool cuda = mx::cu::is_available();
+    const bool suits = ya.shape() == xa.shape() && ya.dtype() == xa.dtype() && wa.dtype() == xa.dtype() &&
+                       wa.ndim() == 1 && wa.shape(0) == d && d > 0 &&
+                       (xa.dtype() == mx::bfloat16 || xa.dtype() == mx::float16 || xa.dtype() == mx::float32);
+    const bool cuda = backend == 1;
     int block = 0, chunks = 0, nr = 16 / static_cast<int>(xa.itemsize());
-    const bool fits = cuda ? cuda_launch(d, nr, block, chunks) : true;
-    if (kernel == 0 || !same || !floating || !fits || mlxs_add_rms_norm_kernel_available() == 0) {
+    if (backend == 0 || !suits || (cuda && !cuda_launch(d, nr, block, chunks))) {
       auto sum = mx::add(xa, ya);
-      *out = rwrap(mx::fast::rms_norm(sum, wa, eps));
-      *h = rwrap(std::move(sum));
+      *out = wrap(mx::fast::rms_norm(sum, wa, eps));
+      *h = wrap(std::move(sum));
       return;
     }
     const int rows = static_cast<int>(xa.size() / d);
@@ -203,7 +192,7 @@ int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const 
     }
     auto outs = kernel_for(eps, cuda)({xa, ya, wa}, {xa.shape(), xa.shape()}, {xa.dtype(), xa.dtype()},
                                       {rows * block, 1, 1}, {block, 1, 1}, targs, std::nullopt, false, {});
-    *h = rwrap(outs[0]);
-    *out = rwrap(outs[1]);
+    *h = wrap(outs[0]);
+    *out = wrap(outs[1]);
   });
 }

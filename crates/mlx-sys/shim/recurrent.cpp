@@ -3,8 +3,6 @@
 // as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless).
 #include "internal.h"
 
-#include <mlx/backend/cuda/cuda.h>
-#include <mlx/backend/metal/metal.h>
 #include <mlx/mlx.h>
 
 #include <cstdlib>
@@ -14,9 +12,9 @@
 
 namespace {
 
-using shim::rarr;
-using shim::rguard;
-using shim::rwrap;
+using shim::arr;
+using shim::guard;
+using shim::wrap;
 using Fn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
 
 // A compiled function built once and never destroyed (see mlxs_swiglu in shim.cpp).
@@ -152,18 +150,14 @@ const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
 }  // namespace
 
 int mlxs_gated_delta_kernel_available(void) {
-  try {
-    return mx::default_device() == mx::Device::gpu && (mx::cu::is_available() || mx::metal::is_available()) ? 1 : 0;
-  } catch (...) {
-    return 0;
-  }
+  return shim::kernel_backend() != 0 ? 1 : 0;
 }
 
 int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
                             const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
                             const mlxs_array mask) {
-  return rguard([&] {
-    const auto &qa = rarr(q), &ka = rarr(k), &va = rarr(v), &st = rarr(state);
+  return guard([&] {
+    const auto &qa = arr(q), &ka = arr(k), &va = arr(v), &st = arr(state);
     if (qa.ndim() != 4 || ka.shape() != qa.shape() || va.ndim() != 4 || st.ndim() != 4) {
       throw std::invalid_argument("gated delta kernel: q, k (B, T, Hk, Dk), v (B, T, Hv, Dv), state (B, Hv, Dv, Dk)");
     }
@@ -171,31 +165,31 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
     if (dk % 32 != 0 || hv % hk != 0 || st.shape() != mx::Shape{b, hv, dv, dk}) {
       throw std::invalid_argument("gated delta kernel: Dk must be a multiple of 32, Hv of Hk, and the state (B, Hv, Dv, Dk)");
     }
-    std::vector<mx::array> in{qa, ka, va, rarr(g), rarr(beta), st};
+    std::vector<mx::array> in{qa, ka, va, arr(g), arr(beta), st};
     if (mask != nullptr) {
-      in.push_back(rarr(mask));
+      in.push_back(arr(mask));
     }
     auto outs = delta_kernel(mask != nullptr)(
         in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {32, dv, b * hv}, {32, 4, 1},
         {{"InT", qa.dtype()}, {"StT", st.dtype()}, {"Dk", dk}, {"Dv", dv}, {"Hk", hk}, {"Hv", hv}}, std::nullopt, false,
         {});
-    *y = rwrap(outs[0]);
-    *state_out = rwrap(outs[1]);
+    *y = wrap(outs[0]);
+    *state_out = wrap(outs[1]);
   });
 }
 
 int mlxs_conv1d(mlxs_array* out, const mlxs_array x, const mlxs_array w, int stride, int padding, int dilation,
                 int groups) {
-  return rguard([&] { *out = rwrap(mx::conv1d(rarr(x), rarr(w), stride, padding, dilation, groups)); });
+  return guard([&] { *out = wrap(mx::conv1d(arr(x), arr(w), stride, padding, dilation, groups)); });
 }
 
 int mlxs_repeat(mlxs_array* out, const mlxs_array a, int repeats, int axis) {
-  return rguard([&] { *out = rwrap(mx::repeat(rarr(a), repeats, axis)); });
+  return guard([&] { *out = wrap(mx::repeat(arr(a), repeats, axis)); });
 }
 
 int mlxs_gated_delta_g(mlxs_array* out, const mlxs_array a_log, const mlxs_array a, const mlxs_array dt_bias) {
   // compute_g: exp(-exp(A_log.astype(float32)) * softplus(a + dt_bias)), softplus = logaddexp(x, 0).
-  return rguard([&] {
+  return guard([&] {
     static const Fn* f = compiled(
         [](const std::vector<mx::array>& in) {
           auto x = mx::add(in[1], in[2]);
@@ -204,29 +198,29 @@ int mlxs_gated_delta_g(mlxs_array* out, const mlxs_array a_log, const mlxs_array
           return std::vector<mx::array>{mx::exp(mx::multiply(decay, softplus))};
         },
         /* shapeless = */ true);
-    *out = rwrap((*f)({rarr(a_log), rarr(a), rarr(dt_bias)})[0]);
+    *out = wrap((*f)({arr(a_log), arr(a), arr(dt_bias)})[0]);
   });
 }
 
 int mlxs_gated_delta_step(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
                           const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
                           const mlxs_array mask) {
-  return rguard([&] {
+  return guard([&] {
     // `@mx.compile` (not shapeless): one compiled graph per shape, as in mlx-lm.
     static const Fn* f = compiled(delta_step, false);
-    std::vector<mx::array> in{rarr(q), rarr(k), rarr(v), rarr(g), rarr(beta), rarr(state)};
+    std::vector<mx::array> in{arr(q), arr(k), arr(v), arr(g), arr(beta), arr(state)};
     if (mask != nullptr) {
-      in.push_back(rarr(mask));
+      in.push_back(arr(mask));
     }
     auto outs = (*f)(in);
-    *y = rwrap(outs[0]);
-    *state_out = rwrap(outs[1]);
+    *y = wrap(outs[0]);
+    *state_out = wrap(outs[1]);
   });
 }
 
 int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x) {
   // precise_swiglu(h, gate, x): (silu(gate.astype(float32)) * x.astype(float32)).astype(h.dtype)
-  return rguard([&] {
+  return guard([&] {
     static const Fn* f = compiled(
         [](const std::vector<mx::array>& in) {
           auto g = silu(mx::astype(in[1], mx::float32));
@@ -234,6 +228,6 @@ int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array ga
           return std::vector<mx::array>{mx::astype(mx::multiply(g, x), in[0].dtype())};
         },
         /* shapeless = */ true);
-    *out = rwrap((*f)({rarr(h), rarr(gate), rarr(x)})[0]);
+    *out = wrap((*f)({arr(h), arr(gate), arr(x)})[0]);
   });
 }

@@ -1,6 +1,7 @@
 // mlx-gen's C ABI over the MLX C++ API: each function converts handles, calls MLX inside
-// `guard` (which turns a C++ exception into a status and keeps its text), and hands back handles.
-#include "shim.h"
+// `guard` (internal.h: turns a C++ exception into a status and keeps its text, here), and hands back
+// handles.
+#include "internal.h"
 
 #include <mlx/mlx.h>
 #include <mlx/graph_utils.h>
@@ -16,12 +17,6 @@
 #include <string>
 #include <vector>
 
-namespace mx = mlx::core;
-
-struct mlxs_array_ {
-  mx::array a;
-};
-
 struct mlxs_tensors_ {
   std::vector<std::pair<std::string, mx::array>> tensors;
   std::vector<std::pair<std::string, std::string>> meta;
@@ -29,20 +24,11 @@ struct mlxs_tensors_ {
 
 namespace {
 
-thread_local std::string g_error;
+using shim::arr;
+using shim::guard;
+using shim::wrap;
 
-template <class F>
-int guard(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    g_error = e.what();
-  } catch (...) {
-    g_error = "unknown C++ exception";
-  }
-  return 1;
-}
+thread_local std::string g_error;
 
 const mx::Dtype kDtypes[] = {mx::bool_,   mx::uint8,   mx::uint16,  mx::uint32, mx::uint64,
                              mx::int8,    mx::int16,   mx::int32,   mx::int64,  mx::float16,
@@ -56,15 +42,6 @@ mx::Dtype dtype_of(int code) {
 }
 
 int code_of(mx::Dtype d) { return static_cast<int>(d.val()); }
-
-mlxs_array wrap(mx::array a) { return new mlxs_array_{std::move(a)}; }
-
-const mx::array& arr(const mlxs_array a) {
-  if (a == nullptr) {
-    throw std::invalid_argument("null array handle");
-  }
-  return a->a;
-}
 
 std::optional<mx::array> opt(const mlxs_array a) {
   return a == nullptr ? std::nullopt : std::optional<mx::array>(a->a);
@@ -97,7 +74,7 @@ const char* mlxs_last_error(void) {
   return g_error.c_str();
 }
 
-// For the shim's other files that report through mlxs_last_error (recurrent.cpp).
+// For internal.h's guard: the text mlxs_last_error() reads back.
 void mlxs_keep_error(const char* what) {
   g_error = what;
 }

@@ -119,9 +119,8 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
                             const mlxs_array v, const mlxs_array g, const mlxs_array beta, const mlxs_array state,
                             const mlxs_array mask);
 /* the residual add fused with the RMS norm after it (norm.cpp): h = x + y, out = rms_norm(h, w, eps);
-   kernel = 1: one GPU kernel where it runs (same shape and dtype of x, y, w's length D), else MLX's
-   two operations. Available: 0 none (the CPU), 1 CUDA, 2 Metal. */
-int mlxs_add_rms_norm_kernel_available(void);
+   kernel = 1: one GPU kernel where the default device is a CUDA or Metal GPU and the inputs suit it
+   (same shape and a floating dtype for x, y and w, w of length D), else MLX's two operations. */
 int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const mlxs_array y, const mlxs_array w,
                       float eps, int kernel);
 int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x);

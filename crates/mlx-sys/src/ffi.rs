@@ -180,7 +180,6 @@ extern "C" {
     pub fn mlxs_repeat(out: *mut mlxs_array, a: mlxs_array, repeats: c_int, axis: c_int) -> c_int;
     pub fn mlxs_gated_delta_g(out: *mut mlxs_array, a_log: mlxs_array, a: mlxs_array, dt_bias: mlxs_array) -> c_int;
     pub fn mlxs_gated_delta_kernel_available() -> c_int;
-    pub fn mlxs_add_rms_norm_kernel_available() -> c_int;
     pub fn mlxs_add_rms_norm(
         h: *mut mlxs_array,
         out: *mut mlxs_array,

@@ -458,22 +458,6 @@ pub fn gated_delta_kernel_available() -> bool {
     unsafe { ffi::mlxs_gated_delta_kernel_available() == 1 }
 }
 
-/// Where the fused residual add + RMS norm kernel runs: the default device's GPU backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelBackend {
-    Cuda,
-    Metal,
-}
-
-/// The GPU backend [`add_rms_norm`]'s kernel would run on (`None`: the CPU).
-pub fn add_rms_norm_kernel_backend() -> Option<KernelBackend> {
-    match unsafe { ffi::mlxs_add_rms_norm_kernel_available() } {
-        1 => Some(KernelBackend::Cuda),
-        2 => Some(KernelBackend::Metal),
-        _ => None,
-    }
-}
-
 /// (x + y, rms_norm(x + y, w, eps)); `kernel`: as one GPU kernel where it runs.
 pub fn add_rms_norm(x: &Handle, y: &Handle, w: &Handle, eps: f32, kernel: bool) -> Result<(Handle, Handle)> {
     let mut out: ffi::mlxs_array = ptr::null_mut();

@@ -53,16 +53,10 @@ pub fn gated_delta_kernel_available() -> bool {
     sys::gated_delta_kernel_available()
 }
 
-pub use sys::KernelBackend;
-
-/// The GPU backend the fused residual add + RMS norm kernel runs on here (`None`: the CPU).
-pub fn add_rms_norm_kernel_backend() -> Option<KernelBackend> {
-    sys::add_rms_norm_kernel_backend()
-}
-
 /// `h = x + y` and `rms_norm(h, w, eps)`; with `kernel`, as one GPU kernel (rounding as MLX's two
-/// kernels do on CUDA) where [`add_rms_norm_kernel_backend`] has one and the inputs suit it (same
-/// shape and dtype, a floating dtype, w of the last axis's length), else as MLX's two operations.
+/// kernels do on CUDA) where the default device is a CUDA or Metal GPU and the inputs suit it
+/// (same shape and dtype, a floating dtype, w of the last axis's length), else as MLX's two
+/// operations.
 #[track_caller]
 pub fn add_rms_norm(x: &Array, y: &Array, w: &Array, eps: f32, kernel: bool) -> Result<(Array, Array)> {
     let (h, out) = ctx("add_rms_norm", sys::add_rms_norm(x.handle(), y.handle(), w.handle(), eps, kernel))?;
