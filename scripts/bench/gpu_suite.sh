@@ -35,6 +35,7 @@
 #                       1/8/32 rows on both dense shapes, a verification round; the server's figures are `serving`'s),
 #                       MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
+#   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32) and 2-7 rows padded to 8
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
@@ -340,6 +341,11 @@ print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')
     done
   done
   ;;
+qmm)
+  # MLX's quantized product by row count (a batch step's rows, a verification's positions): 2-7 rows against 8,
+  # and padded to 8 (issues 19, 20).
+  python3 bench/qmm_rows.py
+  ;;
 next)
   # What was built after the sixth lease, first on a fresh machine: the composed attention with each kv head's
   # query-head group folded into the query positions (it broadcast k/v, which MLX's CUDA matmul ran as one cuBLAS
@@ -360,6 +366,6 @@ next)
     MLX_GEN_GDN_NOFMA=$nf timeout 150 python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m 64 "$d35" | cut -c1-300
   done
   ;;
-*) echo "unknown section $section (next, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"
