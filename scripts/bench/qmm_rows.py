@@ -10,7 +10,8 @@ second lease). This times a chain of `--chain` products, each fed the previous o
 them one after another and the host queues them all before waiting), for each row count: microseconds per
 product, the median of `--repeats` chains, after a warm-up chain. 4-bit, group 64, bfloat16, as the shapes'
 folders. Also one row against the same rows padded to 8 with zeros and sliced back (the padding's own cost
-included), which says whether a batch or a verification of 2-7 rows should be padded.
+included), which says whether a batch or a verification of 2-7 rows should be padded; and the rows as a batch
+of one position each, (rows, 1, k), the shape a batch decode step multiplies (is it one product or one a row?).
 """
 import argparse
 import time
@@ -18,8 +19,9 @@ import time
 import mlx.core as mx
 
 
-def chain_us(w, s, b, rows, k, chain, repeats, pad_to=0):
-    x0 = mx.random.normal((rows, k)).astype(mx.bfloat16)
+def chain_us(w, s, b, rows, k, chain, repeats, pad_to=0, lead=False):
+    # lead: the rows as a batch of one position each, (rows, 1, k), as a batch decode step has them
+    x0 = mx.random.normal((rows, 1, k) if lead else (rows, k)).astype(mx.bfloat16)
     mx.eval(x0)
 
     def run():
@@ -56,8 +58,10 @@ def main():
         wq, s, b = mx.quantize(w, group_size=64, bits=4)
         mx.eval(wq, s, b)
         plain = {r: chain_us(wq, s, b, r, k, a.chain, a.repeats) for r in rows}
+        lead = {r: chain_us(wq, s, b, r, k, a.chain, a.repeats, lead=True) for r in rows if r > 1}
         padded = {r: chain_us(wq, s, b, r, k, a.chain, a.repeats, pad_to=8) for r in rows if 1 < r < 8}
         print(f"{n}x{k} rows: " + ", ".join(f"{r}: {plain[r]:.1f}" for r in rows))
+        print(f"{n}x{k} rows as (rows, 1, {k}): " + ", ".join(f"{r}: {lead[r]:.1f}" for r in lead))
         print(f"{n}x{k} padded to 8 (pad + product + slice): " + ", ".join(f"{r}: {padded[r]:.1f}" for r in padded))
         # The elementwise scale in the chain is one kernel too: its share, for reading the figures.
         x = mx.random.normal((8, k)).astype(mx.bfloat16)
