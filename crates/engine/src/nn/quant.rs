@@ -199,34 +199,20 @@ impl Quantized {
         Ok(mlx::ops::quantized_matmul(x, &self.weight, &self.scales, self.biases.as_ref(), transpose, self.spec)?)
     }
 
-    /// x @ Wᵀ for the packed W. With [`row_pad`] = N, a product of 2 to N - 1 rows (a batch step
-    /// of a few sequences, an unpadded verification) runs on N rows, zeros appended and the
-    /// result cut back: MLX's CUDA backend picks its kernel by the row count, and the second H200
-    /// lease timed 2-7 rows slower than 8 (`gpu_suite.sh qmm` checks it).
+    /// x @ Wᵀ for the packed W, x (..., in) -> (..., out). Leading axes are folded into the rows,
+    /// (B, 1, in) as (B, in): MLX's CUDA backend takes a batch decode step's (B, 1, in) as B
+    /// products of one row, timed on the H100 (`gpu_suite.sh qmm`, 3072 x 3072, 4-bit) at 135 us
+    /// for 32 rows against 60 us as one product of 32 rows. A single sequence's (1, L, in) is the
+    /// same product either way.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
-        self.matmul_t_padded(x, row_pad())
-    }
-
-    fn matmul_t_padded(&self, x: &mlx::Array, pad: i32) -> Result<mlx::Array> {
-        let k = x.dim(-1);
-        let rows = if x.ndim() >= 2 && k > 0 { (x.size() / k as usize) as i32 } else { 1 };
-        if pad == 0 || rows < 2 || rows >= pad || self.weight.ndim() != 2 {
+        if x.ndim() <= 2 || self.weight.ndim() != 2 {
             return self.matmul(x, true);
         }
-        let zeros = mlx::ops::zeros(&[pad - rows, k], x.dtype())?;
-        let padded = mlx::ops::concatenate(&[&x.reshape(&[rows, k])?, &zeros], 0)?; // (N, in)
-        let y = self.matmul(&padded, true)?; // (N, out)
         let mut shape = x.shape();
+        let y = self.matmul(&x.reshape(&[-1, x.dim(-1)])?, true)?; // (rows, out)
         *shape.last_mut().expect("x has an axis") = y.dim(-1);
-        Ok(y.slice_axis(0, 0, rows)?.reshape(&shape)?) // (..., out)
+        Ok(y.reshape(&shape)?) // (..., out)
     }
-}
-
-/// Rows a quantized product of fewer rows is padded to (`MLX_GEN_QMM_ROW_PAD`, 0: none, the
-/// default until measured on the GPU).
-fn row_pad() -> i32 {
-    static PAD: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *PAD.get_or_init(|| std::env::var("MLX_GEN_QMM_ROW_PAD").ok().and_then(|v| v.trim().parse().ok()).filter(|&n: &i32| n > 2).unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -239,13 +225,13 @@ mod tests {
     }
 
     #[test]
-    fn rows_padded_give_the_same_products() {
+    fn leading_axes_folded_into_rows_give_the_same_products() {
         let w = mlx::random::uniform(&[64, 128], mlx::Dtype::F32).unwrap();
         let (wq, scales, biases) = mlx::ops::quantize(&w, QuantSpec::affine(64, 4)).unwrap();
         let q = Quantized { weight: wq, scales, biases, spec: QuantSpec::affine(64, 4) };
-        for shape in [&[3, 128][..], &[2, 1, 128], &[1, 5, 128], &[1, 1, 128], &[9, 128]] {
+        for shape in [&[3, 128][..], &[2, 1, 128], &[1, 5, 128], &[1, 1, 128], &[2, 3, 1, 128]] {
             let x = mlx::random::uniform(shape, mlx::Dtype::F32).unwrap();
-            let (a, b) = (q.matmul_t(&x).unwrap(), q.matmul_t_padded(&x, 8).unwrap());
+            let (a, b) = (q.matmul(&x, true).unwrap(), q.matmul_t(&x).unwrap());
             assert_eq!(a.shape(), b.shape());
             assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), "{shape:?}");
         }
