@@ -35,8 +35,8 @@
 #                       1/8/32 rows on both dense shapes, a verification round; the server's figures are `serving`'s),
 #                       MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
-#   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32) and 2-7 rows padded to 8; the
-#                       batch step at 1-8 rows and a 5-position verification with and without MLX_GEN_QMM_ROW_PAD=8
+#   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
+#                       and 2-7 rows padded to 8; then the engine's batch step at 1-8 and 32 rows
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
@@ -344,18 +344,11 @@ print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')
   ;;
 qmm)
   # MLX's quantized product by row count (a batch step's rows, a verification's positions): 2-7 rows against 8,
-  # and padded to 8 (issues 19, 20).
+  # padded to 8, and with a batch axis (issues 19, 20; BENCHMARKS.md 2026-12-06).
   python3 bench/qmm_rows.py
-  # The same in the engine (MLX_GEN_QMM_ROW_PAD=8: every quantized product of 2-7 rows padded to 8): the batch
-  # step at 1-8 rows, and a Llama-3.2-3B verification of 5 positions unpadded (MLX_GEN_VERIFY_PAD=1) / padded.
-  d06=$(shape_dir qwen3-0.6b); d3=$(shape_dir llama-3.2-3b)
-  for p in 0 8 0 8; do
-    echo "== qwen3-0.6b batch step, MLX_GEN_QMM_ROW_PAD=$p"; MLX_GEN_QMM_ROW_PAD=$p ./batch_step_cost "$d06" 1 2 4 7 8
-  done
-  for v in "MLX_GEN_VERIFY_PAD=1 MLX_GEN_QMM_ROW_PAD=0" "MLX_GEN_VERIFY_PAD=1 MLX_GEN_QMM_ROW_PAD=8" "MLX_GEN_VERIFY_PAD=8"; do
-    echo "== llama-3.2-3b drafting for itself, K=4, every round, $v"
-    env $v ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 128 --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
-  done
+  # The engine's batch step at 1-8 and 32 rows (quantized products of (B, in), not (B, 1, in)).
+  ./batch_step_cost "$(shape_dir qwen3-0.6b)" 1 2 4 7 8 32
+  ./batch_step_cost "$(shape_dir llama-3.2-3b)" 1 8 32
   ;;
 next)
   # What was built after the sixth lease, first on a fresh machine: the composed attention with each kv head's
