@@ -10,7 +10,8 @@
 #   gpu_suite.sh serving  issue 20 item 1: server load at 1/8/32 streams vs mlx_lm.server on the Qwen3-0.6B and
 #                       Llama-3.2-3B shapes (2 rounds), mlx-gen with MLX_GEN_TRACE (its stage split kept in
 #                       $OUT/serving-SHAPE.mlx-gen.log), then (KB=N) mlx-gen alone with MLX_GEN_KEY_BUCKET=N at 8/32
-#                       streams, (PS2048=1) mlx-gen alone with --prefill-step-size 2048
+#                       streams, (PS2048=1) mlx-gen alone with --prefill-step-size 2048, (LA=N) mlx-gen alone with
+#                       and without MLX_GEN_PREFILL_LOOKAHEAD=N, 2 rounds each, alternating
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
@@ -141,6 +142,14 @@ serving)
       MLX_GEN_KEY_BUCKET=$KB MLX_GEN_TRACE=1 timeout 120 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
           --model "$d" --concurrency 8,32 --max-tokens 128 --rounds 1 --server-log "$out/serving-kb-$s" | tail -3
       grep -E "^trace: engine" "$out/serving-kb-$s.mlx-gen.log" | tail -1
+    fi
+    if [ -n "${LA:-}" ]; then
+      echo "== $s: mlx-gen with MLX_GEN_PREFILL_LOOKAHEAD=$LA (the CLI's CUDA default: serve's measure) and without, 1/8/32 streams"
+      for la in "$LA" 0 "$LA" 0; do
+        echo "-- MLX_GEN_PREFILL_LOOKAHEAD=$la"
+        MLX_GEN_PREFILL_LOOKAHEAD=$la timeout 120 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
+            --model "$d" --concurrency 1,8,32 --max-tokens 128 --rounds 1 | grep -E "streams:"
+      done
     fi
     [ -n "${PS2048:-}" ] || continue
     echo "== $s: mlx-gen --prefill-step-size 2048"
