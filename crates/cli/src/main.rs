@@ -132,7 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if cfg!(target_os = "linux") {
             mlx::runtime::set_env_default("MLX_MAX_OPS_PER_BUFFER", "80")?;
             // A long prefill chunk queues at most 2 layers ahead of the device (engine::prefill):
-            // on the H100, 0.41-0.56x the prefill peak and 6-15% faster prefill, decode unchanged.
+            // on the H100, 0.41-0.62x the prefill peak and 6-15% faster prefill, decode unchanged.
             // The server's figures were measured without it: it keeps the unbounded queue until
             // measured there (MLX_GEN_PREFILL_LOOKAHEAD=2 to try).
             if !matches!(cli.command, Some(Command::Serve(_))) {
