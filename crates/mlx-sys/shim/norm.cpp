@@ -17,7 +17,6 @@
 // MLX_GEN_FUSED_NORM=1 asks for it (not tried: no Mac here).
 #include "internal.h"
 
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>

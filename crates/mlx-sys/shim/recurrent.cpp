@@ -135,7 +135,7 @@ const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
     if (masked) {
       inputs.push_back("mask");
     }
-    bool cuda = mx::cu::is_available();
+    bool cuda = shim::kernel_backend() == 1;
     const char* nofma = std::getenv("MLX_GEN_GDN_NOFMA");
     bool exact = cuda && nofma != nullptr && std::string(nofma) == "1";
     std::string body = delta_kernel_body(cuda, masked, exact);
