@@ -2,7 +2,8 @@
 # The GPU measurements the open issues need, from the folder stage-gpu.sh fills (.gpubin/: mlx-gen +
 # bench scripts), on a machine where `python3` has mlx (CUDA) and mlx-lm. One section per call
 # (each under 10 minutes on an H200):
-#   gpu_suite.sh perf   MLX CUDA-graph size sweep, then the side-by-side table (3 rounds, pacing)  (issue 13)
+#   gpu_suite.sh perf   MLX CUDA-graph size sweep, then the side-by-side table (3 rounds, pacing)  (issue 13);
+#                       SAME=N: the table alone, both tools with MLX_MAX_OPS_PER_BUFFER=N (PERF_SHAPES, ROUNDS)
 #   gpu_suite.sh more   fused vs separate, paged vs growing cache (issue 5), prompt 4096, DeepSeek-V2-Lite (issue 8)
 #   gpu_suite.sh spec   real Qwen2.5-Coder-0.5B pair: speculative decoding vs mlx-lm (issue 6);
 #                       needs the GGUF at $GGUF (default /tmp/model.gguf)
@@ -62,6 +63,15 @@ shape_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || pytho
 {
 case $section in
 perf)
+  if [ -n "${SAME:-}" ]; then
+    # The side-by-side table alone, both tools under MLX_MAX_OPS_PER_BUFFER=$SAME (the brief's "same MLX settings").
+    sh=${PERF_SHAPES:-smollm2-135m qwen3-0.6b llama-3.2-3b qwen2.5-7b}
+    for s in $sh; do shape_dir $s >/dev/null; done
+    MLX_MAX_OPS_PER_BUFFER=$SAME python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "${sh// /,}" \
+        -p 512 -g 256 -n 2 --rounds ${ROUNDS:-3} --pacing-tokens 1024 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=$SAME" \
+        --out "$out/side_by_side_same.json"
+    exit 0
+  fi
   for s in smollm2-135m qwen3-0.6b llama-3.2-3b qwen2.5-7b; do shape_dir $s >/dev/null; done
   echo "== CUDA graph size sweep (decode tok/s, prompt 128, 256 tokens, llama-3.2-3b / qwen3-0.6b)"
   best=""; best_tps=0
