@@ -34,7 +34,7 @@ enum DeviceArg {
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt (flags as mlx_lm.generate).
-    Generate(commands::generate::Args),
+    Generate(Box<commands::generate::Args>),
     /// Prefill a prompt and save its KV cache for `generate --prompt-cache-file` (as mlx_lm.cache_prompt).
     CachePrompt(commands::cache_prompt::Args),
     /// Chat with a model in the terminal, turn after turn (as mlx_lm.chat).
@@ -132,12 +132,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         if cfg!(target_os = "linux") {
             mlx::runtime::set_env_default("MLX_MAX_OPS_PER_BUFFER", "80")?;
             // A long prefill chunk queues at most 2 layers ahead of the device (engine::prefill):
-            // on the H100, 0.41-0.62x the prefill peak and 6-15% faster prefill, decode unchanged.
-            // The server's figures were measured without it: it keeps the unbounded queue until
-            // measured there (MLX_GEN_PREFILL_LOOKAHEAD=2 to try).
-            if !matches!(cli.command, Some(Command::Serve(_))) {
-                engine::prefill::set_default_lookahead(2);
-            }
+            // on the H100, 0.41-0.62x the prefill peak and 6-15% faster prefill, decode unchanged;
+            // the server at 1/8/32 streams as fast or faster with it, first tokens sooner
+            // (BENCHMARKS.md, 2026-12-06 second lease).
+            engine::prefill::set_default_lookahead(2);
         }
     }
     if device == mlx::runtime::Device::Cpu && matches!(cli.command, Some(Command::Chat(_) | Command::Serve(_))) {
@@ -146,7 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // A rank started by `mlx-gen launch` (or by hand with MLX_GEN_DISTRIBUTED) joins its group.
     rank::join_from_env(matches!(cli.command, Some(Command::Generate(_) | Command::Chat(_) | Command::Bench(_) | Command::Serve(_))))?;
     let result = match cli.command {
-        Some(Command::Generate(args)) => commands::generate::run(args),
+        Some(Command::Generate(args)) => commands::generate::run(*args),
         Some(Command::Chat(args)) => commands::chat::run(args),
         Some(Command::CachePrompt(args)) => commands::cache_prompt::run(args),
         Some(Command::Bench(args)) => commands::bench::run(args, &version_line(device)),

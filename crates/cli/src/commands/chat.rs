@@ -8,7 +8,7 @@ mod session;
 use super::sampling::SamplingArgs;
 use anyhow::{bail, Context, Result};
 use engine::{GenerateConfig, Generator, LoadedModel};
-use input::{Input, Reader};
+use input::{Input, KeepOutputOnInterrupt, Reader};
 use render::Renderer;
 use session::Session;
 use std::io::{IsTerminal, Write};
@@ -69,6 +69,7 @@ fn install_ctrl_c() -> Result<()> {
             return;
         }
         // A second Ctrl-C, or one while waiting for plain (non-terminal) input: leave.
+        input::restore_terminal();
         let mut out = std::io::stdout();
         let _ = write!(out, "\x1b[0m");
         let _ = out.flush();
@@ -210,6 +211,7 @@ fn turn(
     };
     mlx::runtime::reset_peak_memory();
     STOP.store(false, Ordering::SeqCst);
+    let _keep = KeepOutputOnInterrupt::new();
     GENERATING.store(true, Ordering::SeqCst);
     let mut renderer = Renderer::new(ansi, args.hide_reasoning);
     renderer.begin(out, prep.starts_thinking)?;

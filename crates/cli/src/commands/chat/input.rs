@@ -1,8 +1,10 @@
 //! Reading the user's messages: `rustyline` line editing and history on a terminal, plain lines otherwise; a line ending in `\` continues, `"""` opens and closes a block.
 use anyhow::Result;
+use nix::sys::termios::{tcgetattr, tcsetattr, LocalFlags, SetArg, Termios};
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 use std::io::{BufRead, IsTerminal};
+use std::sync::Mutex;
 
 /// One message, or why there is none.
 pub enum Input {
@@ -104,5 +106,43 @@ impl Reader {
             let _ = ed.add_history_entry(message.as_str());
         }
         Ok(Input::Message(message))
+    }
+}
+
+/// The terminal's settings before an answer set NOFLSH, for [`restore_terminal`] from the Ctrl-C handler.
+static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
+
+/// While an answer is written: the terminal keeps the output it holds when Ctrl-C turns into SIGINT (NOFLSH).
+/// Without it the terminal discards its pending output right after sending the signal, and the answer's
+/// last words or the "[stopped]" written in that moment can be lost. Dropping it puts the settings back.
+pub struct KeepOutputOnInterrupt(bool);
+
+impl KeepOutputOnInterrupt {
+    /// Sets NOFLSH when standard input is a terminal (nothing otherwise).
+    pub fn new() -> KeepOutputOnInterrupt {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            return KeepOutputOnInterrupt(false);
+        }
+        let Ok(original) = tcgetattr(&stdin) else { return KeepOutputOnInterrupt(false) };
+        let mut keep = original.clone();
+        keep.local_flags.insert(LocalFlags::NOFLSH);
+        *SAVED.lock().unwrap_or_else(|e| e.into_inner()) = Some(original);
+        KeepOutputOnInterrupt(tcsetattr(&stdin, SetArg::TCSANOW, &keep).is_ok())
+    }
+}
+
+impl Drop for KeepOutputOnInterrupt {
+    fn drop(&mut self) {
+        if self.0 {
+            restore_terminal();
+        }
+    }
+}
+
+/// Puts back the terminal settings an answer changed (also before the process leaves on a second Ctrl-C).
+pub fn restore_terminal() {
+    if let Some(original) = SAVED.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        let _ = tcsetattr(std::io::stdin(), SetArg::TCSANOW, &original);
     }
 }

@@ -6,6 +6,11 @@ const CLOSE: &str = "</think>";
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 
+/// A control character a terminal may act on: C0 but tab and line breaks, DEL, and C1.
+fn is_unsafe_control(c: char) -> bool {
+    c.is_control() && !matches!(c, '\t' | '\n' | '\r')
+}
+
 /// Splits streamed text into reasoning and answer; tags may arrive split over several pieces.
 pub struct Renderer {
     thinking: bool,
@@ -60,13 +65,35 @@ impl Renderer {
         if self.thinking {
             if !self.hide {
                 self.wrote_reasoning |= !text.trim().is_empty();
-                write!(out, "{text}")?;
+                self.write_text(out, text)?;
             }
             return Ok(());
         }
         let text = if self.answer_started || !self.ansi && !self.hide { text } else { text.trim_start_matches('\n') };
         self.answer_started |= !text.is_empty();
-        write!(out, "{text}")
+        self.write_text(out, text)
+    }
+
+    /// Writes the model's text; on a terminal its control characters (other than tab and line
+    /// breaks) are shown in caret notation (ESC as `^[`, as `cat -v`) and C1 controls as U+FFFD,
+    /// so that generated text cannot send escape sequences to the terminal.
+    fn write_text(&self, out: &mut dyn Write, text: &str) -> io::Result<()> {
+        if !self.ansi || !text.chars().any(is_unsafe_control) {
+            return write!(out, "{text}");
+        }
+        let mut shown = String::with_capacity(text.len() + 8);
+        for c in text.chars() {
+            match c {
+                c if !is_unsafe_control(c) => shown.push(c),
+                '\u{7f}' => shown.push_str("^?"),
+                c if (c as u32) < 0x20 => {
+                    shown.push('^');
+                    shown.push(char::from(b'@' + c as u8));
+                }
+                _ => shown.push('\u{fffd}'),
+            }
+        }
+        write!(out, "{shown}")
     }
 
     /// Writes the next piece of streamed text.
@@ -129,5 +156,15 @@ mod tests {
         assert_eq!(run(&pieces, false, false, false), "<think>\nhmm</think>\n\nHello <world");
         assert_eq!(run(&["plan</think>ok"], true, true, true), "ok");
         assert_eq!(run(&["plan</think>ok"], true, true, false), "\x1b[2mplan\x1b[0m\n\nok");
+    }
+
+    #[test]
+    fn generated_control_characters_reach_a_terminal_as_visible_text() {
+        // A random model's byte tokens once wrote ESC: a terminal (and a test's ANSI stripping) took the
+        // "\n[s" after it for an escape sequence.
+        let pieces = ["a\x1b", "[31mred\tb\r\n\u{7}\u{7f}\u{9b}", "<think>\x1bx</think>"];
+        assert_eq!(run(&pieces, false, true, false), "a^[[31mred\tb\r\n^G^?\u{fffd}\x1b[2m^[x\x1b[0m\n\n");
+        // Not a terminal: the text as generated.
+        assert_eq!(run(&pieces, false, false, false), "a\x1b[31mred\tb\r\n\u{7}\u{7f}\u{9b}<think>\x1bx</think>");
     }
 }
