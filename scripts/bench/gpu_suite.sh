@@ -39,6 +39,7 @@
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
 #                       and 2-7 rows padded to 8; then the engine's batch step at 1-8 and 32 rows
+#   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
 #   gpu_suite.sh check  the quick re-checks of the fixes made after the second H200 run: prompt lookup vs plain, paged vs
@@ -389,6 +390,17 @@ next)
     MLX_GEN_GDN_NOFMA=$nf timeout 150 python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m 64 "$d35" | cut -c1-300
   done
   ;;
-*) echo "unknown section $section (next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+pacing)
+  # Issue 22 item 5: where the slow tokens are (p99 2.36x p50 on Llama-3.2-3B at the second lease of 2026-12-06,
+  # mlx-lm 1.13x): each run lists its 12 longest inter-token intervals with the token they ended at (every 256th
+  # token: the KV cache's growth and MLX's buffer cache cleared; anywhere: the host). 2 rounds, then unfused.
+  for s in llama-3.2-3b qwen2.5-7b; do
+    for r in 1 2; do
+      echo "== $s round $r: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
+    done
+    echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
+  done
+  ;;
+*) echo "unknown section $section (pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -127,6 +127,26 @@ fn bench_memory_breakdown() {
     assert_error(&out, 1, &["--memory", "-b"]);
 }
 
+/// `bench --pacing`: one more trial's inter-token intervals, their quantiles and the longest ones with
+/// the tokens they ended at, in the JSON and as a line of the table output.
+#[test]
+fn bench_pacing_reports_quantiles_and_the_slowest_tokens() {
+    let dir = common::model("llama3-f32");
+    let base = ["bench", "--model", dir.to_str().unwrap(), "-p", "8", "-g", "30", "-n", "1", "--pacing"];
+    let v: Value = serde_json::from_str(stdout(&run(&[&base[..], &["--json"]].concat())).trim()).expect("bench --json prints one JSON object");
+    let p = &v["pacing"];
+    assert_eq!(p["tokens"], 30, "{p}");
+    let f = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("pacing.{k} missing: {p}"));
+    assert!(0.0 < f("p50_ms") && f("p50_ms") <= f("p99_ms") && f("p99_ms") <= f("max_ms"), "{p}");
+    let slowest: Vec<(u64, f64)> = p["slowest"].as_array().expect("pacing.slowest").iter().map(|e| (e[0].as_u64().unwrap(), e[1].as_f64().unwrap())).collect();
+    assert_eq!(slowest.len(), 12, "{p}");
+    assert!(slowest.windows(2).all(|w| w[0].0 < w[1].0) && slowest.iter().all(|&(i, _)| (1..30).contains(&i)), "token order, within the trial: {p}");
+    assert!(slowest.iter().any(|&(_, ms)| ms == f("max_ms")) && slowest.iter().all(|&(_, ms)| ms >= f("p50_ms")), "the longest intervals: {p}");
+    let text = stdout(&run(&base));
+    let line = text.lines().find(|l| l.starts_with("Pacing: 30 tokens, inter-token p50=")).unwrap_or_else(|| panic!("no pacing line: {text}"));
+    assert!(line.contains("slowest at tokens (ms): "), "{line}");
+}
+
 #[test]
 fn usage_errors_exit_2_in_one_line() {
     assert_error(&run(&["chat", "--no-such-flag"]), 2, &["--no-such-flag", "mlx-gen chat --help"]);

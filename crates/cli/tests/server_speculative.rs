@@ -304,6 +304,27 @@ fn serve_with_prompt_lookup_keeps_plain_greedy_tokens() {
     assert_concurrent_plain(&s, &m, &model, &[(prompt, 48), ("hello", 20), ("a b a b a b", 33)]);
 }
 
+/// `serve --warmup on` with speculation also runs speculative rounds before it listens (on the GPU
+/// the draft model's first steps and the verification's shape are paid there), and leaves nothing
+/// behind: a request gets plain greedy decoding's tokens.
+#[test]
+fn a_warm_up_with_speculation_verifies_drafts_and_changes_no_token() {
+    let model = dir("llama3-f32");
+    let m = LoadedModel::load(&common::model("llama3-f32")).unwrap();
+    let q4 = dir("llama3-q4g64");
+    for extra in [&["--prompt-lookup", "2"][..], &["--draft-model", q4.as_str(), "--num-draft-tokens", "3"]] {
+        let s = Server::start(&model, &[&["--warmup", "on"][..], extra].concat());
+        let log = s.log.lock().expect("log").clone();
+        let line = log.iter().find(|l| l.contains("batch engine warmed up in")).unwrap_or_else(|| panic!("{extra:?}: no warm-up reported: {log:?}"));
+        let verified: usize = line.split('(').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(verified > 0, "{extra:?}: the warm-up verified no draft: {line}");
+        let prompt = "one two three four one two three four";
+        let want = generate(&model, &["--prompt", prompt, "-m", "40", "--ignore-chat-template"]);
+        let got = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 40, "logprobs": 0}));
+        assert_eq!(served_tokens(&got), token_texts(&m, &want), "{extra:?}: tokens differ from plain greedy generation");
+    }
+}
+
 /// A seeded request alone draws as `generate --draft-model --seed` (which draws as mlx-lm's
 /// `speculative_generate_step`); with `num_draft_tokens` 0 as plain `generate --seed`.
 #[test]

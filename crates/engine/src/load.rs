@@ -84,6 +84,7 @@ impl LoadedModel {
         // The tokenizer on a second thread (it touches no MLX state) while this one maps the
         // weights: each takes a few hundred milliseconds on a real model when the weights must be
         // read. The tokenizer's error first: it is the common one.
+        let started = std::time::Instant::now();
         let (tokenizer, weights) = std::thread::scope(|s| {
             let tokenizer = s.spawn(|| Tokenizer::from_dir(dir));
             let weights = Weights::load_dir(dir);
@@ -106,6 +107,7 @@ impl LoadedModel {
             _ => None,
         };
         let weight_stats = weights.load_stats();
+        let mapped = started.elapsed();
         let mut model = models::build(&config, weights)?;
         if let Some(stage) = stage {
             model.pipeline(stage)?;
@@ -118,9 +120,23 @@ impl LoadedModel {
         // parallel rank reads each whole tensor to keep its slice: a few at a time, so that the
         // whole ones are freed as it goes and its peak stays near its share, not the whole model.
         let params = model.parameters();
+        let built = started.elapsed();
         let batch = if matches!(group, Some((_, Parallel::Tensor))) { 8 } else { params.len().max(1) };
         for chunk in params.chunks(batch) {
             mlx::eval(chunk)?;
+        }
+        if std::env::var_os("MLX_GEN_TRACE").is_some() {
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let read = started.elapsed();
+            eprintln!(
+                "trace: load: tokenizer and weights mapped {:.1} ms, model built {:.1} ms, {} arrays read {:.1} ms ({} tensors in place, {} copied)",
+                ms(mapped),
+                ms(built - mapped),
+                params.len(),
+                ms(read - built),
+                weight_stats.in_place,
+                weight_stats.copied
+            );
         }
         // The tokenizer's parse leaves tens of megabytes free in its thread's heap: give them back.
         mlx::runtime::trim_host_heap();

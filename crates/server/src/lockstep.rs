@@ -111,11 +111,16 @@ const WARM_UP_PROMPTS: [usize; 8] = [12, 300, 20, 40, 70, 16, 100, 30];
 /// the running batch. On a GPU the first use of each kind of batched shape compiles kernels
 /// (on the H200 a fresh machine's first 8-stream round waited 42 s in its prefill); this pays that
 /// before a user's request does. Deterministic, so that every rank runs it alike (the forward
-/// passes' collectives meet). Returns how long it took.
-pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions) -> Result<std::time::Duration> {
+/// passes' collectives meet). With `speculation` (one rank only) a sequence then decodes alone
+/// in an engine that speculates, on a prompt that repeats itself (prompt lookup finds
+/// continuations), long enough for rounds after the fallback's first plain stretch: the draft
+/// model's first steps and the verification's shape cost a fresh process about 0.1 s a round for
+/// its first rounds on an H100 (BENCHMARKS.md), paid here rather than by a user's request.
+/// Returns how long it took and the draft tokens its speculative rounds proposed.
+pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions, speculation: Option<Speculation<'_>>) -> Result<(std::time::Duration, usize)> {
     let started = std::time::Instant::now();
     let mut engine = new_engine(loaded, options, None, None);
-    let mut dummies = Dummies { vocab: (loaded.model.vocab_size().max(2) as u64).min(1 << 20), left: Vec::new(), steps: 0 };
+    let mut dummies = Dummies { vocab: (loaded.model.vocab_size().max(2) as u64).min(1 << 20), left: Vec::new(), steps: 0, proposed: 0 };
     dummies.add(&mut engine, 24, 3)?;
     dummies.run(&mut engine, &[])?;
     let rows = options.max_batch.clamp(1, WARM_UP_PROMPTS.len());
@@ -124,7 +129,15 @@ pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions) -> Result<std::time
     }
     // Two newcomers join the batch while its first rows decode.
     dummies.run(&mut engine, if rows > 1 { &[9, 50] } else { &[] })?;
-    Ok(started.elapsed())
+    if let Some(speculation) = speculation {
+        let mut engine = new_engine(loaded, options, None, Some(speculation));
+        dummies.left.clear();
+        let prompt: Vec<u32> = (0..48u32).map(|j| (j % 6) * 7 % (dummies.vocab as u32 - 1) + 1).collect();
+        engine.add(0, prompt, SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false })?;
+        dummies.left.push(64);
+        dummies.run(&mut engine, &[])?;
+    }
+    Ok((started.elapsed(), dummies.proposed))
 }
 
 /// The warm-up's dummy sequences (id = index): the tokens each has still to decode.
@@ -132,6 +145,8 @@ struct Dummies {
     vocab: u64,
     left: Vec<usize>,
     steps: usize,
+    /// Draft tokens the speculative sequences proposed.
+    proposed: usize,
 }
 
 impl Dummies {
@@ -151,6 +166,7 @@ impl Dummies {
                 let left = self.left.get_mut(t.id as usize).ok_or_else(|| anyhow::anyhow!("warm-up: a token of an unknown sequence {}", t.id))?;
                 *left = left.saturating_sub(1);
                 if *left == 0 {
+                    self.proposed += engine.speculation_stats(t.id).map_or(0, |s| s.proposed);
                     engine.finish(t.id);
                 }
             }

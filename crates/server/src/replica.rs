@@ -18,7 +18,7 @@ pub fn follow(loaded: LoadedModel, share: Share, options: BatchOptions) -> Resul
     engine::batch::kv_bytes_per_token(loaded.model.as_ref())?;
     // Rank 0 warms its engine up before serving: the same forward passes here.
     if options.warm_up {
-        warm_up(&loaded, &options)?;
+        warm_up(&loaded, &options, None)?;
     }
     let pool = new_pool(&loaded, &options);
     let mut engine = new_engine(&loaded, &options, pool.clone(), None);

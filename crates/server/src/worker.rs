@@ -150,8 +150,9 @@ pub fn spawn(
             }
         };
         if worker.options.warm_up {
-            match warm_up(&models.model, &worker.options) {
-                Ok(t) => eprintln!("mlx-gen: batch engine warmed up in {:.2} s", t.as_secs_f64()),
+            match warm_up(&models.model, &worker.options, worker.speculation) {
+                Ok((t, 0)) => eprintln!("mlx-gen: batch engine warmed up in {:.2} s", t.as_secs_f64()),
+                Ok((t, proposed)) => eprintln!("mlx-gen: batch engine warmed up in {:.2} s ({proposed} draft tokens verified)", t.as_secs_f64()),
                 Err(e) => {
                     let _ = ready_tx.send(Err(e.context("the warm-up before serving failed (serve --warmup off skips it)")));
                     return;

@@ -93,7 +93,14 @@ struct Pacing {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// The longest intervals, in token order: (index of the token the interval ended with, ms);
+    /// whether they recur every 256 tokens (the KV cache's growth step, MLX's buffer cache cleared)
+    /// or fall anywhere says where to look.
+    slowest: Vec<(usize, f64)>,
 }
+
+/// How many of the longest intervals [`Pacing`] lists.
+const SLOWEST: usize = 12;
 
 #[derive(Serialize, Clone, Copy, Default)]
 struct Trial {
@@ -292,6 +299,18 @@ pub fn run(args: Args, device: &str) -> Result<()> {
         if let Some(m) = &report.memory {
             println!("{}", memory::line(m));
         }
+        if let Some(p) = &report.pacing {
+            let slow: Vec<String> = p.slowest.iter().map(|(i, ms)| format!("{i} ({ms:.2})")).collect();
+            println!(
+                "Pacing: {} tokens, inter-token p50={:.3} ms, p99={:.3} ms ({:.2}x p50), max={:.3} ms; slowest at tokens (ms): {}",
+                p.tokens,
+                p.p50_ms,
+                p.p99_ms,
+                p.p99_ms / p.p50_ms.max(1e-9),
+                p.max_ms,
+                slow.join(", ")
+            );
+        }
         if let Some(s) = &report.speculative {
             println!(
                 "Speculative: generation_tps={:.3} ({:.2}x plain), acceptance={:.1}%, tokens/round={:.2}, ms/round={:.3}",
@@ -363,10 +382,15 @@ fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
         crate::rank::heartbeat("generation step");
         marks.push(Instant::now());
     }
-    let mut ms: Vec<f64> = marks.windows(2).map(|w| (w[1] - w[0]).as_secs_f64() * 1e3).collect();
+    let intervals: Vec<(usize, f64)> = marks.windows(2).enumerate().map(|(i, w)| (i + 1, (w[1] - w[0]).as_secs_f64() * 1e3)).collect();
+    let mut ms: Vec<f64> = intervals.iter().map(|&(_, d)| d).collect();
     ms.sort_by(|a, b| a.total_cmp(b));
     let at = |q: f64| ms.get(((ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0.0);
-    Ok(Pacing { tokens: marks.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms.last().copied().unwrap_or(0.0) })
+    let mut slowest = intervals;
+    slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    slowest.truncate(SLOWEST);
+    slowest.sort_by_key(|&(i, _)| i);
+    Ok(Pacing { tokens: marks.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms.last().copied().unwrap_or(0.0), slowest })
 }
 
 /// One generation of `generation_tokens` tokens (per sequence), EOS ignored. Peak memory is MLX's
