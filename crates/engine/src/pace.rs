@@ -16,7 +16,10 @@
 //! of it is expensive, and it will not turn around soon). A win resets the stretch. The first
 //! interval after a switch (pipeline fill, the draft model catching up) is not measured. Each
 //! interval runs from one production event to the next, so the consumer's own time per token
-//! counts the same in both modes.
+//! counts the same in both modes. A loss that would stand even if every proposed draft had been
+//! accepted (full-length drafts in every round judged) is the rounds' own cost, not the prompt's:
+//! [`Pace::structural_loss`] says so, and the batch engine starts its next sequence alone with the
+//! same draft length plain ([`Pace::after_structural_loss`]).
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -40,6 +43,18 @@ const HOPELESS: f64 = 1.5;
 const FIRST_STRETCH: usize = 16;
 const MAX_STRETCH: usize = 1024;
 
+/// One measured speculative round.
+#[derive(Clone, Copy, Debug)]
+struct Round {
+    seconds: f64,
+    /// Tokens it handed out.
+    tokens: usize,
+    /// Draft tokens it proposed (prompt lookup may find none).
+    proposed: usize,
+    /// It proposed the full draft length.
+    full: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// Plain decoding for this many more tokens.
@@ -53,9 +68,13 @@ pub struct Pace {
     plain: Option<f64>,
     /// A plain phase's measurement: each token's seconds.
     intervals: Vec<f64>,
-    /// A speculative phase's measurement: its last rounds' (seconds, tokens, whether it had
-    /// drafts), at most `WINDOW` (fewer: the rounds measured so far).
-    window: VecDeque<(f64, usize, bool)>,
+    /// A speculative phase's measurement: its last rounds, at most `WINDOW` (fewer: the rounds
+    /// measured so far).
+    window: VecDeque<Round>,
+    /// The last judgement: `Some(true)` when speculation lost even counting every proposed draft
+    /// as accepted (the rounds' cost alone loses: no prompt can do better), `Some(false)` for a
+    /// loss to the acceptance or a win, `None` before any.
+    verdict: Option<bool>,
     /// The first event of a phase is not measured.
     skip: bool,
     stretch: usize,
@@ -72,6 +91,7 @@ impl Pace {
             plain: None,
             intervals: Vec::with_capacity(FIRST_STRETCH),
             window: VecDeque::with_capacity(WINDOW),
+            verdict: None,
             skip: true,
             stretch: FIRST_STRETCH,
             last: Instant::now(),
@@ -79,8 +99,22 @@ impl Pace {
         }
     }
 
+    /// Starts with the longest plain stretch: an earlier sequence found speculation losing even
+    /// at full acceptance with the same drafter and draft length (see [`Pace::structural_loss`]).
+    pub fn after_structural_loss() -> Pace {
+        Pace { phase: Phase::Plain { left: MAX_STRETCH }, stretch: MAX_STRETCH, verdict: Some(true), ..Pace::new() }
+    }
+
     pub fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// The last judgement (`None` before any): whether speculation lost even counting every
+    /// proposed draft as accepted, with full-length drafts in every round judged. Such a loss is
+    /// the rounds' cost (a draft model as deep as the target on a device where a step's cost is the
+    /// host's), not the prompt's: a server's next sequence with the same settings starts plain.
+    pub fn structural_loss(&self) -> Option<bool> {
+        self.verdict
     }
 
     /// Whether plain decoding goes on after the token about to be handed out (asked before that
@@ -132,28 +166,29 @@ impl Pace {
         self.switch(Phase::Spec);
     }
 
-    /// A speculative round handed out `tokens` tokens; `drafted`: it verified drafts (prompt
-    /// lookup may find none).
-    pub fn round(&mut self, tokens: usize, drafted: bool) {
+    /// A speculative round handed out `tokens` tokens after proposing `proposed` drafts (prompt
+    /// lookup may find none); `full`: as many as the draft length.
+    pub fn round(&mut self, tokens: usize, proposed: usize, full: bool) {
         let dt = self.interval();
-        self.round_after(dt, tokens, drafted);
+        self.round_after(dt, tokens, proposed, full);
     }
 
     /// A speculative round that handed out `tokens` tokens in `dt` seconds (`None`: not measured).
-    fn round_after(&mut self, dt: Option<f64>, tokens: usize, drafted: bool) {
-        let Some(dt) = dt else { return };
+    fn round_after(&mut self, dt: Option<f64>, tokens: usize, proposed: usize, full: bool) {
+        let Some(seconds) = dt else { return };
         if tokens == 0 {
             return;
         }
         if self.window.len() == WINDOW {
             self.window.pop_front();
         }
-        self.window.push_back((dt, tokens, drafted));
+        self.window.push_back(Round { seconds, tokens, proposed, full });
         let rounds = self.window.len();
         let Some(plain) = self.plain else { return };
-        let (s, n) = self.window.iter().fold((0.0, 0), |(s, n), &(dt, k, _)| (s + dt, n + k));
+        let s: f64 = self.window.iter().map(|r| r.seconds).sum();
+        let n: usize = self.window.iter().map(|r| r.tokens).sum();
         let ratio = s / n as f64 / plain;
-        let all_rejected = self.window.iter().all(|&(_, k, drafted)| drafted && k == 1);
+        let all_rejected = self.window.iter().all(|r| r.proposed > 0 && r.tokens == 1);
         let lost = if ratio > HOPELESS && (rounds >= 2 || all_rejected) {
             Some(MAX_STRETCH)
         } else if ratio > CLEAR && rounds >= 2 {
@@ -164,12 +199,15 @@ impl Pace {
             None
         };
         if let Some(times) = lost {
+            let best: usize = self.window.iter().map(|r| r.proposed + 1).sum();
+            self.verdict = Some(self.window.iter().all(|r| r.full) && s / best as f64 / plain > MARGIN);
             let left = self.stretch.saturating_mul(times).min(MAX_STRETCH);
             self.stretch = (2 * left).min(MAX_STRETCH);
             self.fallbacks += 1;
             self.switch(Phase::Plain { left });
         } else if rounds == PROBE_ROUNDS {
             self.stretch = FIRST_STRETCH;
+            self.verdict = Some(false);
         }
     }
 }
@@ -198,10 +236,10 @@ mod tests {
     /// Speculative rounds of `tokens` tokens in `dt` seconds each (the first not measured) until the
     /// phase ends or `max` rounds ran; the rounds measured.
     fn spec_phase(p: &mut Pace, dt: f64, tokens: usize, max: usize) -> usize {
-        p.round_after(None, tokens, true);
+        p.round_after(None, tokens, 3, true);
         let mut n = 0;
         while p.phase() == Phase::Spec && n < max {
-            p.round_after(Some(dt), tokens, true);
+            p.round_after(Some(dt), tokens, 3, true);
             n += 1;
         }
         n
@@ -275,11 +313,41 @@ mod tests {
         // Prompt lookup found nothing: one slow round of one token is not a hopeless draft.
         let mut p = Pace::new();
         plain_phase(&mut p, 0.010);
-        p.round_after(None, 1, false);
-        p.round_after(Some(0.030), 1, false);
+        p.round_after(None, 1, 0, false);
+        p.round_after(Some(0.030), 1, 0, false);
         assert_eq!(p.phase(), Phase::Spec);
         // A second such round is (3x plain over two rounds: the longest stretch).
-        p.round_after(Some(0.030), 1, false);
+        p.round_after(Some(0.030), 1, 0, false);
         assert_eq!(p.phase(), Phase::Plain { left: MAX_STRETCH });
+    }
+
+    #[test]
+    fn a_loss_even_at_full_acceptance_is_structural() {
+        // Rounds of 3 drafts (4 tokens at best) taking 60 ms against 10 ms a plain token: even with
+        // every draft accepted 15 ms a token, whatever the prompt.
+        let mut p = Pace::new();
+        plain_phase(&mut p, 0.010);
+        assert_eq!(p.structural_loss(), None);
+        spec_phase(&mut p, 0.060, 4, 50);
+        assert_eq!(p.structural_loss(), Some(true));
+        // Rounds of 3 drafts taking 30 ms lose with one accepted (2 tokens a round) but would win
+        // with all 4: the acceptance's loss, not the rounds'.
+        let mut p = Pace::new();
+        plain_phase(&mut p, 0.010);
+        spec_phase(&mut p, 0.030, 2, 50);
+        assert_eq!(p.structural_loss(), Some(false));
+        // Short drafts (prompt lookup finding 1 of 3) say nothing of full-length ones.
+        let mut p = Pace::new();
+        plain_phase(&mut p, 0.010);
+        p.round_after(None, 2, 1, false);
+        p.round_after(Some(0.060), 2, 1, false);
+        p.round_after(Some(0.060), 2, 1, false);
+        assert!(matches!(p.phase(), Phase::Plain { .. }));
+        assert_eq!(p.structural_loss(), Some(false));
+        // A win clears it; a sequence after a structural loss starts with the longest plain stretch.
+        let mut p = Pace::after_structural_loss();
+        assert_eq!(plain_phase(&mut p, 0.010), MAX_STRETCH);
+        assert_eq!(spec_phase(&mut p, 0.015, 3, PROBE_ROUNDS), PROBE_ROUNDS);
+        assert_eq!(p.structural_loss(), Some(false));
     }
 }

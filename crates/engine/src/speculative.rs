@@ -358,6 +358,21 @@ impl<'m> SpeculativeGenerator<'m> {
         self.constraint.as_ref().and_then(|c| c.note())
     }
 
+    /// The fallback's last judgement: whether speculation lost even counting every proposed
+    /// draft as accepted (see [`Pace::structural_loss`]; `None`: no judgement, or no fallback).
+    pub fn structural_loss(&self) -> Option<bool> {
+        self.pace.as_ref().and_then(Pace::structural_loss)
+    }
+
+    /// Starts with the fallback's longest plain stretch (an earlier sequence's speculation with
+    /// these settings lost even at full acceptance); nothing without the fallback. Called before
+    /// the first token.
+    pub fn start_plain(&mut self) {
+        if let Some(p) = self.pace.as_mut() {
+            *p = Pace::after_structural_loss();
+        }
+    }
+
     /// The draft length of the next round.
     pub fn draft_length(&self) -> usize {
         self.k
@@ -573,6 +588,7 @@ impl<'m> SpeculativeGenerator<'m> {
     fn finish_round(&mut self, num_draft: usize, accepted: usize, handed: usize, t0: Instant) {
         self.stats.proposed += num_draft;
         self.stats.rounds += 1;
+        let full = num_draft >= self.k;
         if self.adaptive && num_draft > 0 {
             self.k = if accepted == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
         }
@@ -582,7 +598,7 @@ impl<'m> SpeculativeGenerator<'m> {
         self.stats.round_tokens += handed;
         self.stats.round_s += t0.elapsed().as_secs_f64();
         if let Some(p) = self.pace.as_mut() {
-            p.round(handed, num_draft > 0);
+            p.round(handed, num_draft, full);
         }
     }
 }

@@ -112,8 +112,8 @@ const WARM_UP_PROMPTS: [usize; 8] = [12, 300, 20, 40, 70, 16, 100, 30];
 /// (on the H200 a fresh machine's first 8-stream round waited 42 s in its prefill); this pays that
 /// before a user's request does. Deterministic, so that every rank runs it alike (the forward
 /// passes' collectives meet). With `speculation` (one rank only) a sequence then decodes alone
-/// in an engine that speculates, on a prompt that repeats itself (prompt lookup finds
-/// continuations), long enough for rounds after the fallback's first plain stretch: the draft
+/// in an engine that speculates every round (no fallback), on a prompt that repeats itself
+/// (prompt lookup finds its continuation at least in the first round): the draft
 /// model's first steps and the verification's shape cost a fresh process about 0.1 s a round for
 /// its first rounds on an H100 (BENCHMARKS.md), paid here rather than by a user's request.
 /// Returns how long it took and the draft tokens its speculative rounds proposed.
@@ -130,6 +130,8 @@ pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions, speculation: Option
     // Two newcomers join the batch while its first rows decode.
     dummies.run(&mut engine, if rows > 1 { &[9, 50] } else { &[] })?;
     if let Some(speculation) = speculation {
+        // Every round speculates (the fallback would first decode plainly, then judge).
+        let speculation = Speculation { config: engine::SpeculativeConfig { fallback: false, ..speculation.config }, ..speculation };
         let mut engine = new_engine(loaded, options, None, Some(speculation));
         dummies.left.clear();
         let prompt: Vec<u32> = (0..48u32).map(|j| (j % 6) * 7 % (dummies.vocab as u32 - 1) + 1).collect();

@@ -103,6 +103,9 @@ pub struct BatchEngine<'m> {
     /// Speculative decoding of a sequence alone, and the sequence decoding so now.
     speculation: Option<Speculation<'m>>,
     solo: Option<Solo<'m>>,
+    /// The draft length at which the last judged sequence alone found speculation losing even at
+    /// full acceptance: later sequences with it start plain ([`crate::pace::Pace::structural_loss`]).
+    spec_lost: Option<usize>,
 }
 
 impl<'m> BatchEngine<'m> {
@@ -134,6 +137,7 @@ impl<'m> BatchEngine<'m> {
             trace: StepTrace::from_env(),
             speculation: None,
             solo: None,
+            spec_lost: None,
         }
     }
 

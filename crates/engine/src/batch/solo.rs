@@ -199,7 +199,8 @@ impl<'m> BatchEngine<'m> {
         let (config, spec_config) = self.solo_configs(&params, &draft, spec);
         let (drafter, draft_cached) = Self::drafter(&mut draft, spec);
         let at = Resume { tokens: &prompt, cached: done, draft_cached };
-        let generator = SpeculativeGenerator::resume(self.model, at, cache, drafter, config, spec_config, params.keys.take())?;
+        let mut generator = SpeculativeGenerator::resume(self.model, at, cache, drafter, config, spec_config, params.keys.take())?;
+        self.start_as_judged(&mut generator, draft.k);
         self.solo = Some(Solo { id, generator, params, tokens: prompt, draft });
         Ok(())
     }
@@ -223,9 +224,26 @@ impl<'m> BatchEngine<'m> {
         let (config, spec_config) = self.solo_configs(&row.params, &row.draft, spec);
         let (drafter, draft_cached) = Self::drafter(&mut row.draft, spec);
         let at = Resume { tokens: &tokens, cached, draft_cached };
-        let generator = SpeculativeGenerator::resume(self.model, at, cache, drafter, config, spec_config, row.params.keys.take())?;
+        let mut generator = SpeculativeGenerator::resume(self.model, at, cache, drafter, config, spec_config, row.params.keys.take())?;
+        self.start_as_judged(&mut generator, row.draft.k);
         self.solo = Some(Solo { id: row.id, generator, params: row.params, tokens, draft: row.draft });
         Ok(out)
+    }
+
+    /// A new generator with draft length `k` starts plain for the fallback's longest stretch
+    /// where the last judged sequence alone lost even at full acceptance with that length: its
+    /// probing rounds (about 3 a sequence) would lose again, whatever the prompt.
+    fn start_as_judged(&self, generator: &mut SpeculativeGenerator<'m>, k: usize) {
+        if self.spec_lost == Some(k) {
+            generator.start_plain();
+        }
+    }
+
+    /// Keeps the judgement of the sequence alone that is leaving (see `start_as_judged`).
+    fn keep_judgement(&mut self, solo: &Solo<'m>) {
+        if let Some(lost) = solo.generator.structural_loss() {
+            self.spec_lost = lost.then_some(solo.draft.k);
+        }
     }
 
     /// One round of the sequence alone: its tokens.
@@ -252,7 +270,9 @@ impl<'m> BatchEngine<'m> {
     /// a row whose next input is its last handed-out token (marked as handed out), or, where a
     /// queued plain step could not be rewound, that step's token.
     fn unsolo(&mut self) -> Result<()> {
-        let Solo { id, generator, mut params, tokens, mut draft } = self.solo.take().ok_or_else(|| EngineError::Invalid("no sequence alone".into()))?;
+        let solo = self.solo.take().ok_or_else(|| EngineError::Invalid("no sequence alone".into()))?;
+        self.keep_judgement(&solo);
+        let Solo { id, generator, mut params, tokens, mut draft } = solo;
         draft.stats = draft.stats + generator.stats();
         let parts = generator.into_parts()?;
         params.keys = parts.keys;
@@ -276,6 +296,7 @@ impl<'m> BatchEngine<'m> {
     /// Forgets the sequence alone (it ended), its keys and values left in the prefix pool.
     pub(super) fn drop_solo(&mut self) -> Result<()> {
         let Some(solo) = self.solo.take() else { return Ok(()) };
+        self.keep_judgement(&solo);
         let Some(pool) = self.prefix.as_ref().filter(|_| self.batchable) else { return Ok(()) };
         let parts = solo.generator.into_parts()?;
         let n = if parts.queued.is_some() { solo.tokens.len() } else { solo.tokens.len() - 1 };
