@@ -133,10 +133,8 @@ pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions, speculation: Option
         // Every round speculates (the fallback would first decode plainly, then judge).
         let speculation = Speculation { config: engine::SpeculativeConfig { fallback: false, ..speculation.config }, ..speculation };
         let mut engine = new_engine(loaded, options, None, Some(speculation));
-        dummies.left.clear();
-        let prompt: Vec<u32> = (0..48u32).map(|j| (j % 6) * 7 % (dummies.vocab as u32 - 1) + 1).collect();
-        engine.add(0, prompt, SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false })?;
-        dummies.left.push(64);
+        let prompt = (0..48u64).map(|j| ((j % 6) * 7 % (dummies.vocab - 1) + 1) as u32).collect();
+        dummies.add_prompt(&mut engine, prompt, 64)?;
         dummies.run(&mut engine, &[])?;
     }
     Ok((started.elapsed(), dummies.proposed))
@@ -156,7 +154,12 @@ impl Dummies {
     fn add(&mut self, engine: &mut BatchEngine<'_>, len: usize, tokens: usize) -> Result<()> {
         let id = self.left.len() as u64;
         let prompt = (0..len as u64).map(|j| ((id * 7919 + j * 104_729 + 1) % (self.vocab - 1) + 1) as u32).collect();
-        engine.add(id, prompt, SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false })?;
+        self.add_prompt(engine, prompt, tokens)
+    }
+
+    /// Adds a greedy sequence of `prompt` that ends after `tokens` tokens.
+    fn add_prompt(&mut self, engine: &mut BatchEngine<'_>, prompt: Vec<u32>, tokens: usize) -> Result<()> {
+        engine.add(self.left.len() as u64, prompt, SeqParams { sampler: SamplerConfig::default(), keys: None, logprobs: false })?;
         self.left.push(tokens);
         Ok(())
     }

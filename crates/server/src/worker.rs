@@ -151,8 +151,10 @@ pub fn spawn(
         };
         if worker.options.warm_up {
             match warm_up(&models.model, &worker.options, worker.speculation) {
-                Ok((t, 0)) => eprintln!("mlx-gen: batch engine warmed up in {:.2} s", t.as_secs_f64()),
-                Ok((t, proposed)) => eprintln!("mlx-gen: batch engine warmed up in {:.2} s ({proposed} draft tokens verified)", t.as_secs_f64()),
+                Ok((t, proposed)) => {
+                    let drafts = if proposed > 0 { format!(" ({proposed} draft tokens verified)") } else { String::new() };
+                    eprintln!("mlx-gen: batch engine warmed up in {:.2} s{drafts}", t.as_secs_f64());
+                }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e.context("the warm-up before serving failed (serve --warmup off skips it)")));
                     return;

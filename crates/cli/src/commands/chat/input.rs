@@ -109,34 +109,32 @@ impl Reader {
     }
 }
 
-/// The terminal's settings before an answer set NOFLSH, for [`restore_terminal`] from the Ctrl-C handler.
+/// The terminal's settings before an answer set NOFLSH (`None`: nothing to put back), for
+/// [`restore_terminal`], also from the Ctrl-C handler.
 static SAVED: Mutex<Option<Termios>> = Mutex::new(None);
 
 /// While an answer is written: the terminal keeps the output it holds when Ctrl-C turns into SIGINT (NOFLSH).
 /// Without it the terminal discards its pending output right after sending the signal, and the answer's
 /// last words or the "[stopped]" written in that moment can be lost. Dropping it puts the settings back.
-pub struct KeepOutputOnInterrupt(bool);
+pub struct KeepOutputOnInterrupt;
 
 impl KeepOutputOnInterrupt {
     /// Sets NOFLSH when standard input is a terminal (nothing otherwise).
     pub fn new() -> KeepOutputOnInterrupt {
         let stdin = std::io::stdin();
-        if !stdin.is_terminal() {
-            return KeepOutputOnInterrupt(false);
+        if let Some(original) = stdin.is_terminal().then(|| tcgetattr(&stdin).ok()).flatten() {
+            let mut keep = original.clone();
+            keep.local_flags.insert(LocalFlags::NOFLSH);
+            *SAVED.lock().unwrap_or_else(|e| e.into_inner()) = Some(original);
+            let _ = tcsetattr(&stdin, SetArg::TCSANOW, &keep);
         }
-        let Ok(original) = tcgetattr(&stdin) else { return KeepOutputOnInterrupt(false) };
-        let mut keep = original.clone();
-        keep.local_flags.insert(LocalFlags::NOFLSH);
-        *SAVED.lock().unwrap_or_else(|e| e.into_inner()) = Some(original);
-        KeepOutputOnInterrupt(tcsetattr(&stdin, SetArg::TCSANOW, &keep).is_ok())
+        KeepOutputOnInterrupt
     }
 }
 
 impl Drop for KeepOutputOnInterrupt {
     fn drop(&mut self) {
-        if self.0 {
-            restore_terminal();
-        }
+        restore_terminal();
     }
 }
 

@@ -49,7 +49,8 @@ impl SpecArgs {
     /// longer it is (1.61x plain at K=4, 2.43-2.61x at K=8; BENCHMARKS.md), and the fallback
     /// covers the prompts where little matches.
     pub fn draft_tokens(&self) -> usize {
-        let gpu_lookup = self.draft_model.is_none() && self.prompt_lookup.is_some() && mlx::runtime::default_device() == mlx::runtime::Device::Gpu;
+        // --draft-model and --prompt-lookup conflict (clap).
+        let gpu_lookup = self.prompt_lookup.is_some() && mlx::runtime::default_device() == mlx::runtime::Device::Gpu;
         self.num_draft_tokens.map_or(if gpu_lookup { 8 } else { 3 }, |k| k as usize)
     }
 
