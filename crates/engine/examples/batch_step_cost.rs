@@ -8,6 +8,11 @@
 //! a per-step budget of STEP padded positions (default 512, `serve --prefill-step-size`); three
 //! trials, the first meeting the shapes' first-use costs. Prints prompt tok/s, forwards and the
 //! steps' stage split (`MLX_GEN_TRACE`).
+//!
+//! `batch_step_cost --qmm [ROWS...]`: the quantized product of a few rows (`mlx::fast::qmm_rows`,
+//! ours on a CUDA GPU) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of a
+//! Llama-3.2-3B layer's shapes: the largest difference relative to MLX's largest output, and
+//! microseconds a product of each (100 products queued at once, median of 5).
 use engine::batch::{BatchEngine, SeqParams};
 use engine::{LoadedModel, SamplerConfig};
 use std::time::Instant;
@@ -48,10 +53,48 @@ fn prefill_case(m: &LoadedModel, case: &str) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
+/// `--qmm`: ours against MLX's for each weight shape and row count.
+fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
+    use mlx::ops::QuantSpec;
+    use mlx::{Array, Dtype};
+    let spec = QuantSpec::affine(64, 4);
+    for (n, k) in [(3072, 3072), (5120, 3072), (16384, 3072), (3072, 8192)] {
+        let w = mlx::random::uniform(&[n, k], Dtype::F32)?.astype(Dtype::BF16)?;
+        let (wq, s, b) = mlx::ops::quantize(&w, spec)?;
+        mlx::eval(&[&wq, &s])?;
+        for &m in rows {
+            let x = mlx::random::uniform(&[m, k], Dtype::F32)?.astype(Dtype::BF16)?;
+            mlx::eval(&[&x])?;
+            let ours = |x: &Array| mlx::fast::qmm_rows(x, &wq, &s, b.as_ref(), spec);
+            let theirs = |x: &Array| mlx::ops::quantized_matmul(x, &wq, &s, b.as_ref(), true, spec);
+            let (a, r) = (ours(&x)?.astype(Dtype::F32)?, theirs(&x)?.astype(Dtype::F32)?);
+            let diff = a.sub(&r)?.abs()?.max(&[0, 1], false)?.item::<f32>()? / r.abs()?.max(&[0, 1], false)?.item::<f32>()?;
+            let time = |f: &dyn Fn(&Array) -> mlx::Result<Array>| -> Result<f64, Box<dyn std::error::Error>> {
+                let mut t = Vec::new();
+                for _ in 0..6 {
+                    let ys: Vec<Array> = (0..100).map(|_| f(&x)).collect::<Result<_, _>>()?;
+                    let t0 = Instant::now();
+                    mlx::eval(&ys.iter().collect::<Vec<_>>())?;
+                    t.push(t0.elapsed().as_secs_f64() * 1e4); // us a product
+                }
+                t.sort_by(f64::total_cmp);
+                Ok(t[3])
+            };
+            let (to, tt) = (time(&ours)?, time(&theirs)?);
+            println!("qmm {n}x{k} rows {m:2}: ours {to:7.1} us, MLX {tt:7.1} us ({:.2}x), max diff {diff:.2e} of MLX's max", tt / to);
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]...")?;
+    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | --qmm [ROWS...]")?;
     let rest: Vec<String> = args.collect();
+    if dir == "--qmm" {
+        let rows: Vec<i32> = rest.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+        return qmm_case(if rows.is_empty() { &[1, 2, 4, 5, 8, 9, 16, 32] } else { &rows });
+    }
     if mlx::runtime::gpu_available() {
         // As `mlx-gen serve` on a GPU (its default prefill chunk): masked and multi-position
         // attention composed of plain operations (see engine::nn::sdpa).

@@ -123,6 +123,11 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
    (same shape and a floating dtype for x, y and w, w of length D), else MLX's two operations. */
 int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const mlxs_array y, const mlxs_array w,
                       float eps, int kernel);
+/* x (M, K) @ dequantize(w)ᵀ for 2 <= M <= 32 rows as one CUDA kernel (qmm.cpp) where the default device
+   is a CUDA GPU and the product suits it (affine 4- or 8-bit, group 32/64/128, 16-bit floats), else
+   MLX's quantized_matmul (transposed). */
+int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                  const mlxs_array biases, int group_size, int bits, const char* mode);
 int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x);
 /* rope from position `offset`, or from offsets[b] for batch row b when `offsets` (B,) int32 is given */
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,

@@ -97,6 +97,16 @@ extern "C" {
         bits: c_int,
         mode: *const c_char,
     ) -> c_int;
+    pub fn mlxs_qmm_rows(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
     pub fn mlxs_quantize(
         w_out: *mut mlxs_array,
         scales_out: *mut mlxs_array,

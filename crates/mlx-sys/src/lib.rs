@@ -288,6 +288,13 @@ pub fn matmul(a: &Handle, b: &Handle) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_matmul(o, a.raw(), b.raw()) })
 }
 
+/// x (M, K) @ dequantize(w)ᵀ, as one CUDA kernel for 2-32 rows where it applies (else MLX's
+/// quantized_matmul).
+pub fn qmm_rows(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>, group_size: i32, bits: i32, mode: &str) -> Result<Handle> {
+    let mode = cstring(mode)?;
+    make(|o| unsafe { ffi::mlxs_qmm_rows(o, x.raw(), w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr()) })
+}
+
 pub fn addmm(c: &Handle, a: &Handle, b: &Handle, alpha: f32, beta: f32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_addmm(o, c.raw(), a.raw(), b.raw(), alpha, beta) })
 }

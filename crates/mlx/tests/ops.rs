@@ -80,3 +80,26 @@ fn add_rms_norm_is_the_add_then_the_norm() {
     let (h, _) = fast::add_rms_norm(&x, &y.astype(Dtype::BF16).unwrap(), &w, 1e-5, true).unwrap();
     assert_eq!(h.dtype(), Dtype::F32);
 }
+
+#[test]
+fn qmm_rows_is_the_transposed_quantized_product_where_its_kernel_does_not_run() {
+    // x (3, 64) @ dequantize(w)ᵀ for w (2, 64) in 4 bits, groups of 32: row i of x is i + 1 times a
+    // ramp, so out[i][n] = (i + 1) * sum_k k/64 * w[n][k]; checked against the dequantized product.
+    let q = ops::QuantSpec::affine(32, 4);
+    let w = Array::from_slice(&(0..128).map(|i| (i % 16) as f32 - 7.0).collect::<Vec<_>>(), &[2, 64]).unwrap();
+    let (qw, s, b) = ops::quantize(&w, q).unwrap();
+    let x = Array::from_slice(&(0..192).map(|i| ((i / 64 + 1) * (i % 64)) as f32 / 64.0).collect::<Vec<_>>(), &[3, 64]).unwrap();
+    let got = fast::qmm_rows(&x, &qw, &s, b.as_ref(), q).unwrap();
+    assert_eq!(got.shape(), vec![3, 2]);
+    let deq = ops::dequantize(&qw, &s, b.as_ref(), q).unwrap();
+    let want = x.matmul(&deq.t().unwrap()).unwrap().to_vec::<f32>().unwrap();
+    for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{g} against {w}");
+    }
+    // A bit width MLX has and the kernel does not (3) is MLX's product too.
+    let q3 = ops::QuantSpec::affine(32, 3);
+    let (qw3, s3, b3) = ops::quantize(&w, q3).unwrap();
+    let got3 = fast::qmm_rows(&x, &qw3, &s3, b3.as_ref(), q3).unwrap().to_vec::<f32>().unwrap();
+    let want3 = ops::quantized_matmul(&x, &qw3, &s3, b3.as_ref(), true, q3).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(got3, want3);
+}

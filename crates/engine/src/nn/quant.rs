@@ -203,16 +203,31 @@ impl Quantized {
     /// (B, 1, in) as (B, in): MLX's CUDA backend takes a batch decode step's (B, 1, in) as B
     /// products of one row, timed on the H100 (`gpu_suite.sh qmm`, 3072 x 3072, 4-bit) at 135 us
     /// for 32 rows against 60 us as one product of 32 rows. A single sequence's (1, L, in) is the
-    /// same product either way.
+    /// same product either way. 2-32 rows (a batch step, a verification) take
+    /// [`mlx::fast::qmm_rows`] on a CUDA GPU ([`few_rows_kernel`]), except in a single sequence's
+    /// prompt prefill, which keeps MLX's kernels as mlx-lm.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
-        if x.ndim() <= 2 || self.weight.ndim() != 2 {
+        if self.weight.ndim() != 2 || x.ndim() == 0 {
+            return self.matmul(x, true);
+        }
+        let rows = x.shape()[..x.ndim() - 1].iter().product::<i32>();
+        let few = (2..=32).contains(&rows) && few_rows_kernel() && !crate::nn::sdpa::mlx_kernels_only();
+        if x.ndim() <= 2 && !few {
             return self.matmul(x, true);
         }
         let mut shape = x.shape();
-        let y = self.matmul(&x.reshape(&[-1, x.dim(-1)])?, true)?; // (rows, out)
+        let x2 = x.reshape(&[-1, x.dim(-1)])?; // (rows, in)
+        let y = if few { mlx::fast::qmm_rows(&x2, &self.weight, &self.scales, self.biases.as_ref(), self.spec)? } else { self.matmul(&x2, true)? }; // (rows, out)
         *shape.last_mut().expect("x has an axis") = y.dim(-1);
         Ok(y.reshape(&shape)?) // (..., out)
     }
+}
+
+/// Whether products of 2-32 rows take [`mlx::fast::qmm_rows`] (which itself runs only on a CUDA GPU
+/// and falls back to MLX's product elsewhere): `MLX_GEN_QMM_KERNEL=1` (off until measured).
+pub fn few_rows_kernel() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_KERNEL").is_ok_and(|v| v == "1"))
 }
 
 #[cfg(test)]

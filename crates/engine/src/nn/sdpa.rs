@@ -49,9 +49,15 @@ pub fn with_fused_attention<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Whether this thread is inside [`with_fused_attention`] (a single sequence's prompt prefill): MLX's
+/// own kernels there, attention and quantized products alike (see [`crate::nn::quant`]).
+pub fn mlx_kernels_only() -> bool {
+    FUSED_ONLY.with(std::cell::Cell::get)
+}
+
 /// softmax(q kᵀ · scale + mask) v for q (B, Hq, L, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv).
 pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
-    let max = if FUSED_ONLY.with(std::cell::Cell::get) { 0 } else { composed_max() };
+    let max = if mlx_kernels_only() { 0 } else { composed_max() };
     let l = q.dim(2);
     // One position with an array mask (a batch of rows of different lengths) would also go to
     // cuDNN, with a graph per cache length, i.e. per step; one position without one takes MLX's
