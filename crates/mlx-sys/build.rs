@@ -33,6 +33,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/recurrent.cpp");
     println!("cargo:rerun-if-changed=shim/norm.cpp");
     println!("cargo:rerun-if-changed=shim/qmm.cpp");
+    println!("cargo:rerun-if-changed=shim/attention.cpp");
     println!("cargo:rerun-if-changed=shim/internal.h");
 
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
@@ -55,6 +56,7 @@ fn main() {
         .file("shim/recurrent.cpp")
         .file("shim/norm.cpp")
         .file("shim/qmm.cpp")
+        .file("shim/attention.cpp")
         .flag(format!("-isystem{}", include.display()))
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(true)

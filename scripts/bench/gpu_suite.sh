@@ -39,8 +39,9 @@
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
 #                       and 2-7 rows padded to 8; then the engine's batch step at 1-8 and 32 rows
-#   gpu_suite.sh qmmk   our quantized product of 2-32 rows against MLX's: error, time, the batch step, verification
-#                       and prompt lookup with and without it (MLX_GEN_QMM_KERNEL)
+#   gpu_suite.sh qmmk   our few-row quantized product and few-position attention against MLX's: error, time, then
+#                       the batch step, verification and prompt lookup with and without them (MLX_GEN_QMM_KERNEL,
+#                       MLX_GEN_ATTN_KERNEL)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
@@ -393,23 +394,26 @@ next)
   done
   ;;
 qmmk)
-  # Our quantized product of 2-32 rows (mlx::fast::qmm_rows: a batch step's rows, a verification's positions)
-  # against MLX's: its error and time a product on a Llama-3.2-3B layer's weights, then the engine with it
-  # (MLX_GEN_QMM_KERNEL=1) and without (0), alternating: the batch step at 1-32 rows on both
-  # dense shapes, a verification round (Llama-3.2-3B drafting for itself, K=4, every round), prompt lookup
-  # K=8 on the code-editing prompt (QK_ROUNDS alternating rounds, default 2).
+  # Our kernels for a few rows or positions against MLX's: the quantized product of 2-32 rows
+  # (MLX_GEN_QMM_KERNEL=1: a batch step's rows, a verification's positions) and the few-position attention
+  # (MLX_GEN_ATTN_KERNEL=1: the batch step's masked attention, a verification's causal one). First each
+  # kernel's error and time against MLX's, then the engine with neither, the product, and both, alternating:
+  # the batch step at 1-32 rows on both dense shapes, a verification round (Llama-3.2-3B drafting for
+  # itself, K=4, every round), prompt lookup K=8 on the code-editing prompt (QK_ROUNDS, default "1 2").
   ./batch_step_cost --qmm
+  ./batch_step_cost --attn
   python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
+  cfgs=("MLX_GEN_QMM_KERNEL=0 MLX_GEN_ATTN_KERNEL=0" "MLX_GEN_QMM_KERNEL=1 MLX_GEN_ATTN_KERNEL=0" "MLX_GEN_QMM_KERNEL=1 MLX_GEN_ATTN_KERNEL=1")
   for s in qwen3-0.6b llama-3.2-3b; do
     d=$(shape_dir $s)
-    for k in 0 1; do echo "== $s batch step, MLX_GEN_QMM_KERNEL=$k"; MLX_GEN_QMM_KERNEL=$k MLX_GEN_TRACE=1 ./batch_step_cost "$d" 1 2 4 8 16 32; done
+    for c in "${cfgs[@]}"; do echo "== $s batch step, $c"; env $c MLX_GEN_TRACE=1 ./batch_step_cost "$d" 1 2 4 8 16 32; done
   done
   d3=$(shape_dir llama-3.2-3b)
   for r in ${QK_ROUNDS:-1 2}; do
-    for k in 0 1; do
-      echo "== round $r llama-3.2-3b drafting for itself K=4, MLX_GEN_QMM_KERNEL=$k: $(MLX_GEN_QMM_KERNEL=$k ./mlx-gen bench -n 3 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E '^Speculative' | tail -1)"
+    for c in "${cfgs[@]}"; do
+      echo "== round $r llama-3.2-3b drafting for itself K=4, $c: $(env $c ./mlx-gen bench -n 3 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E '^Speculative' | tail -1)"
       for s in llama-3.2-3b qwen3-0.6b; do
-        echo "== round $r $s prompt lookup K=8, MLX_GEN_QMM_KERNEL=$k: $(MLX_GEN_QMM_KERNEL=$k ./mlx-gen bench -n 3 --model "$(shape_dir $s)" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens 8 2>&1 | grep -E '^(Averages|Speculative)' | tr '\n' ' ')"
+        echo "== round $r $s prompt lookup K=8, $c: $(env $c ./mlx-gen bench -n 3 --model "$(shape_dir $s)" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens 8 2>&1 | grep -E '^(Averages|Speculative)' | tr '\n' ' ')"
       done
     done
   done

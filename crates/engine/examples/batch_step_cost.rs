@@ -13,6 +13,11 @@
 //! ours on a CUDA GPU) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of a
 //! Llama-3.2-3B layer's shapes: the largest difference relative to MLX's largest output, and
 //! microseconds a product of each (100 products queued at once, median of 5).
+//!
+//! `batch_step_cost --attn`: the few-position attention kernel (`mlx::fast::sdpa_few`, ours on a CUDA
+//! GPU) against MLX's `scaled_dot_product_attention`: a 32-row decode step over left-padded keys
+//! (boolean and additive masks), a verification's 5 and 9 causal positions, head dims 64 and 128,
+//! grouped heads; the largest difference relative to MLX's largest output, and microseconds a call.
 use engine::batch::{BatchEngine, SeqParams};
 use engine::{LoadedModel, SamplerConfig};
 use std::time::Instant;
@@ -87,10 +92,52 @@ fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--attn`: ours against MLX's attention.
+fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
+    use mlx::fast::Mask;
+    use mlx::{Array, Dtype};
+    // (rows, query heads, kv heads, positions, keys, head dims, mask kind)
+    for (b, hq, hkv, l, s, d, kind) in [(32, 24, 8, 1, 300, 128, "bool"), (32, 16, 8, 1, 700, 128, "additive"), (8, 9, 3, 1, 257, 64, "bool"), (1, 24, 8, 5, 400, 128, "causal"), (1, 16, 8, 9, 1000, 128, "causal"), (1, 14, 2, 9, 130, 64, "causal")] {
+        let r = |shape: &[i32]| -> mlx::Result<Array> { mlx::random::uniform(shape, Dtype::F32)?.sub_scalar(0.5)?.mul_scalar(4.0)?.astype(Dtype::BF16) };
+        let q = r(&[b, hq, l, d])?;
+        // Keys as a cache keeps them: a view of the first `s` positions of a longer buffer.
+        let kbuf = r(&[b, hkv, s + 256, d])?;
+        let vbuf = r(&[b, hkv, s + 256, d])?;
+        let (k, v) = (kbuf.slice_axis(2, 0, s)?, vbuf.slice_axis(2, 0, s)?);
+        // Row i's keys start at i * 7 (left padding).
+        let start = mlx::ops::arange(0.0, f64::from(b), 1.0, Dtype::I32)?.mul_scalar(7.0)?.reshape(&[b, 1, 1, 1])?;
+        let keep = mlx::ops::arange(0.0, f64::from(s), 1.0, Dtype::I32)?.reshape(&[1, 1, 1, s])?.ge(&start)?;
+        let additive = mlx::ops::where_(&keep, &Array::scalar(0.0, Dtype::BF16)?, &Array::scalar(Dtype::BF16.finfo_min(), Dtype::BF16)?)?;
+        mlx::eval(&[&q, &kbuf, &vbuf, &keep, &additive])?;
+        let mask = match kind {
+            "bool" => Mask::Array(&keep),
+            "additive" => Mask::Array(&additive),
+            _ => Mask::Causal,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let ours = mlx::fast::sdpa_few(&q, &k, &v, scale, mask)?.astype(Dtype::F32)?;
+        let theirs = mlx::fast::sdpa(&q, &k, &v, scale, mask)?.astype(Dtype::F32)?;
+        let diff = ours.sub(&theirs)?.abs()?.max(&[0, 1, 2, 3], false)?.item::<f32>()? / theirs.abs()?.max(&[0, 1, 2, 3], false)?.item::<f32>()?;
+        let mut t = Vec::new();
+        for _ in 0..6 {
+            let ys: Vec<Array> = (0..50).map(|_| mlx::fast::sdpa_few(&q, &k, &v, scale, mask)).collect::<Result<_, _>>()?;
+            let t0 = Instant::now();
+            mlx::eval(&ys.iter().collect::<Vec<_>>())?;
+            t.push(t0.elapsed().as_secs_f64() * 2e4); // us a call
+        }
+        t.sort_by(f64::total_cmp);
+        println!("attn B {b} Hq {hq} Hkv {hkv} L {l} S {s} D {d} {kind}: ours {:.1} us, max diff {diff:.2e} of MLX's max", t[3]);
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | --qmm [ROWS...]")?;
+    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | --qmm [ROWS...] | --attn")?;
     let rest: Vec<String> = args.collect();
+    if dir == "--attn" {
+        return attn_case();
+    }
     if dir == "--qmm" {
         let rows: Vec<i32> = rest.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
         return qmm_case(if rows.is_empty() { &[1, 2, 4, 5, 8, 9, 16, 32] } else { &rows });

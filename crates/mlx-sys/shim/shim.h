@@ -128,6 +128,13 @@ int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const 
    MLX's quantized_matmul (transposed). */
 int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
                   const mlxs_array biases, int group_size, int bits, const char* mode);
+/* softmax(q kᵀ · scale + mask) v for a few query positions as one CUDA kernel (attention.cpp): q (B, Hq, L, D),
+   k and v (B, Hkv, S, D) read through their strides, mask (null, or boolean keep / additive, broadcastable
+   to (B, Hq, L, S)), causal = 1: key s seen by position l iff s <= S - L + l. Available (1) where the
+   default device is a CUDA GPU and the inputs suit it; an error otherwise. */
+int mlxs_sdpa_few_available(const mlxs_array q, const mlxs_array k, const mlxs_array v);
+int mlxs_sdpa_few(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,
+                  const mlxs_array mask, int causal);
 int mlxs_precise_swiglu(mlxs_array* out, const mlxs_array h, const mlxs_array gate, const mlxs_array x);
 /* rope from position `offset`, or from offsets[b] for batch row b when `offsets` (B,) int32 is given */
 int mlxs_rope(mlxs_array* out, const mlxs_array x, int dims, int traditional, int has_base, float base, float scale,

@@ -295,6 +295,16 @@ pub fn qmm_rows(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>
     make(|o| unsafe { ffi::mlxs_qmm_rows(o, x.raw(), w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr()) })
 }
 
+/// Whether [`sdpa_few`] runs for these inputs (a CUDA GPU, inputs it takes).
+pub fn sdpa_few_available(q: &Handle, k: &Handle, v: &Handle) -> bool {
+    unsafe { ffi::mlxs_sdpa_few_available(q.raw(), k.raw(), v.raw()) == 1 }
+}
+
+/// Attention of a few query positions as one CUDA kernel; `mask` boolean (keep) or additive.
+pub fn sdpa_few(q: &Handle, k: &Handle, v: &Handle, scale: f32, mask: Option<&Handle>, causal: bool) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_sdpa_few(o, q.raw(), k.raw(), v.raw(), scale, opt(mask), c_int::from(causal)) })
+}
+
 pub fn addmm(c: &Handle, a: &Handle, b: &Handle, alpha: f32, beta: f32) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_addmm(o, c.raw(), a.raw(), b.raw(), alpha, beta) })
 }

@@ -74,6 +74,27 @@ pub fn qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q:
         .map(Array::from_handle)
 }
 
+/// Whether [`sdpa_few`] runs for q (B, Hq, L, D), k, v (B, Hkv, S, D): a CUDA GPU, 16- or 32-bit
+/// floats, head dims a multiple of 32 up to 256.
+pub fn sdpa_few_available(q: &Array, k: &Array, v: &Array) -> bool {
+    sys::sdpa_few_available(q.handle(), k.handle(), v.handle())
+}
+
+/// softmax(q kᵀ · scale + mask) v for a few query positions as one CUDA kernel of ours (k and v
+/// read in place through their strides; float32 scores and softmax): what a batch decode step and a
+/// speculative verification compute in each layer, where MLX's CUDA backend would build a cuDNN
+/// graph per shape. [`Mask::Array`] is boolean (keep) or additive, broadcastable to (B, Hq, L, S).
+/// An error where [`sdpa_few_available`] is false.
+#[track_caller]
+pub fn sdpa_few(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Result<Array> {
+    let (arr, causal) = match mask {
+        Mask::None => (None, false),
+        Mask::Causal => (None, true),
+        Mask::Array(m) => (Some(m.handle()), false),
+    };
+    ctx("sdpa_few", sys::sdpa_few(q.handle(), k.handle(), v.handle(), scale, arr, causal)).map(Array::from_handle)
+}
+
 #[track_caller]
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array> {
     ctx("rms_norm", sys::rms_norm(x.handle(), weight.map(Array::handle), eps)).map(Array::from_handle)

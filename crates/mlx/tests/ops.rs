@@ -103,3 +103,17 @@ fn qmm_rows_is_the_transposed_quantized_product_where_its_kernel_does_not_run() 
     let want3 = ops::quantized_matmul(&x, &qw3, &s3, b3.as_ref(), true, q3).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(got3, want3);
 }
+
+#[test]
+fn sdpa_few_is_refused_where_its_kernel_does_not_run() {
+    // The CPU has no custom kernels: unavailable, and a call is an error naming what it needs (the
+    // engine asks `sdpa_few_available` first and composes the attention otherwise).
+    let q = Array::from_slice(&[0.5f32; 2 * 32], &[1, 2, 1, 32]).unwrap();
+    let k = Array::from_slice(&[0.25f32; 3 * 32], &[1, 1, 3, 32]).unwrap();
+    if mlx::runtime::gpu_available() {
+        return;
+    }
+    assert!(!fast::sdpa_few_available(&q, &k, &k));
+    let err = fast::sdpa_few(&q, &k, &k, 1.0, fast::Mask::None).unwrap_err().to_string();
+    assert!(err.contains("CUDA GPU"), "{err}");
+}

@@ -49,6 +49,14 @@ pub fn with_fused_attention<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Whether the few-position attention the GPU composes runs as one CUDA kernel of ours instead
+/// ([`fast::sdpa_few`]: one kernel a layer where the composed path has five and two cuBLAS
+/// products): `MLX_GEN_ATTN_KERNEL=1` (off until measured).
+fn few_kernel() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_GEN_ATTN_KERNEL").is_ok_and(|v| v == "1"))
+}
+
 /// Whether this thread is inside [`with_fused_attention`] (a single sequence's prompt prefill): MLX's
 /// own kernels there, attention and quantized products alike (see [`crate::nn::quant`]).
 pub fn mlx_kernels_only() -> bool {
@@ -73,6 +81,9 @@ pub fn sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask<'_>) -> Resu
         };
     if !composed {
         return Ok(fast::sdpa(q, k, v, scale, mask)?);
+    }
+    if few_kernel() && fast::sdpa_few_available(q, k, v) {
+        return Ok(fast::sdpa_few(q, k, v, scale, mask)?);
     }
     composed_attention(q, k, v, scale, mask)
 }
