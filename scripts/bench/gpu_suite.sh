@@ -42,6 +42,7 @@
 #   gpu_suite.sh qmmk   our few-row quantized product and few-position attention against MLX's: error, time, then
 #                       the batch step, verification and prompt lookup with and without them (MLX_GEN_QMM_KERNEL,
 #                       MLX_GEN_ATTN_KERNEL)
+#   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
@@ -418,6 +419,22 @@ qmmk)
     done
   done
   ;;
+kserve)
+  # The server with our few-row kernels (MLX_GEN_QMM_KERNEL=1 MLX_GEN_ATTN_KERNEL=1) and without, alternating,
+  # 1/8/32 streams, 128 tokens (issue 20's 32-vs-1 scaling); KR rounds (default "1 2"), then the engine trace.
+  for s in ${KS_SHAPES:-qwen3-0.6b llama-3.2-3b}; do
+    d=$(shape_dir $s)
+    for r in ${KR:-1 2}; do
+      for k in 0 1; do
+        echo "-- $s round $r, kernels $k"
+        MLX_GEN_QMM_KERNEL=$k MLX_GEN_ATTN_KERNEL=$k MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen \
+            --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 --max-tokens 128 --rounds 1 \
+            --server-log "$out/kserve-$s-$r-$k" 2>&1 | grep -E "streams:"
+        grep -E "^trace: engine" "$out/kserve-$s-$r-$k.mlx-gen.log" | tail -1
+      done
+    done
+  done
+  ;;
 pacing)
   # Issue 22 item 5: where the slow tokens are (p99 2.36x p50 on Llama-3.2-3B at the second lease of 2026-12-06,
   # mlx-lm 1.13x): each run lists its 12 longest inter-token intervals with the token they ended at (every 256th
@@ -429,6 +446,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (qmmk, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -139,7 +139,7 @@ pub fn rope_rows(
 }
 
 /// The attention mask argument of [`sdpa`].
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum Mask<'a> {
     None,
     /// Causal, aligned to the end of the keys (queries are the last positions).
