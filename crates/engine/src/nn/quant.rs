@@ -165,6 +165,17 @@ impl Quantized {
         })
     }
 
+    /// Whether a product of `rows` rows by this weight takes [`mlx::fast::qmm_rows`]: 2-7 rows
+    /// (MLX's CUDA backend multiplies them one row at a time; from 8 its tiled product is faster than
+    /// ours) of a weight of at least 2^24 elements. Measured on the H200 (BENCHMARKS.md, 4-bit): ours
+    /// 1.5-2.8x MLX's device time at 2-5 rows of 16384 x 3072 and 3072 x 8192, but its call costs the
+    /// host about 7 us more than MLX's, which a small weight's saving (2.6 us at 2 rows of 3072 x 3072)
+    /// does not repay.
+    pub fn few_rows_pays(&self, rows: i32) -> bool {
+        let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
+        (2..=7).contains(&rows) && elements >= 1 << 24 && few_rows_kernel()
+    }
+
     pub fn arrays(&self) -> Vec<&mlx::Array> {
         [&self.weight, &self.scales].into_iter().chain(self.biases.as_ref()).collect()
     }
@@ -203,15 +214,15 @@ impl Quantized {
     /// (B, 1, in) as (B, in): MLX's CUDA backend takes a batch decode step's (B, 1, in) as B
     /// products of one row, timed on the H100 (`gpu_suite.sh qmm`, 3072 x 3072, 4-bit) at 135 us
     /// for 32 rows against 60 us as one product of 32 rows. A single sequence's (1, L, in) is the
-    /// same product either way. 2-32 rows (a batch step, a verification) take
-    /// [`mlx::fast::qmm_rows`] on a CUDA GPU ([`few_rows_kernel`]), except in a single sequence's
-    /// prompt prefill, which keeps MLX's kernels as mlx-lm.
+    /// same product either way. A few rows of a large weight (a batch step, a verification) take
+    /// [`mlx::fast::qmm_rows`] on a CUDA GPU ([`Quantized::few_rows_pays`]), except in a single
+    /// sequence's prompt prefill, which keeps MLX's kernels as mlx-lm.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
         if self.weight.ndim() != 2 || x.ndim() == 0 {
             return self.matmul(x, true);
         }
         let rows = x.shape()[..x.ndim() - 1].iter().product::<i32>();
-        let few = (2..=32).contains(&rows) && few_rows_kernel() && !crate::nn::sdpa::mlx_kernels_only();
+        let few = self.few_rows_pays(rows) && !crate::nn::sdpa::mlx_kernels_only();
         if x.ndim() <= 2 && !few {
             return self.matmul(x, true);
         }
@@ -223,11 +234,11 @@ impl Quantized {
     }
 }
 
-/// Whether products of 2-32 rows take [`mlx::fast::qmm_rows`] (which itself runs only on a CUDA GPU
-/// and falls back to MLX's product elsewhere): `MLX_GEN_QMM_KERNEL=1` (off until measured).
-pub fn few_rows_kernel() -> bool {
+/// Whether [`mlx::fast::qmm_rows`] may take products of a few rows (it itself runs only on a CUDA
+/// GPU and falls back to MLX's product elsewhere): on unless `MLX_GEN_QMM_KERNEL=0`.
+fn few_rows_kernel() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_KERNEL").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_KERNEL").map_or(true, |v| v != "0"))
 }
 
 #[cfg(test)]
