@@ -1,10 +1,11 @@
 // mlx-gen's C ABI for a quantized product of a few rows, x (M, K) @ dequantize(w)ᵀ for 2 <= M <= 32,
 // as one CUDA kernel through MLX's custom-kernel API. It is what a batch decode step (one row a
 // sequence) and a speculative verification (K+1 positions) multiply by every weight. MLX 0.32's CUDA
-// backend runs such products with its matrix-vector kernel once a row up to 7 rows and from 8 rows
-// with a tiled product that stays far from the memory's speed: on an H100, 3072 x 3072 4-bit, 45 us
-// for 8 rows and 60 for 32 against 5-7 for one (BENCHMARKS.md, `qmm_rows.py`), so a 32-row Llama-3.2-3B
-// step waits on the device (13.7 ms against 2.8 for one row).
+// backend runs such products with its matrix-vector kernel once a row up to 7 rows (from 8 rows a tiled
+// product). Measured on the H200 (`batch_step_cost --qmm`, 4-bit g64): ours is 1.2-2.8x faster than
+// MLX's at 2-5 rows (12-51 us against 15-143 over Llama-3.2-3B's weights), slower from 8 rows (MLX's
+// tiled product: 10-42 us at 32 rows), and its call costs the host more than MLX's product, so the
+// engine asks for it only with MLX_GEN_QMM_KERNEL=1, for 2-7 rows of weights of 2^24 elements or more.
 //
 // Here each warp computes R output columns for all M rows: its lanes walk K one packed word at a time
 // (coalesced, each weight word read once for all rows), dequantize the word's values as MLX's affine

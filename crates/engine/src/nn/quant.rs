@@ -167,10 +167,10 @@ impl Quantized {
 
     /// Whether a product of `rows` rows by this weight takes [`mlx::fast::qmm_rows`]: 2-7 rows
     /// (MLX's CUDA backend multiplies them one row at a time; from 8 its tiled product is faster than
-    /// ours) of a weight of at least 2^24 elements. Measured on the H200 (BENCHMARKS.md, 4-bit): ours
-    /// 1.5-2.8x MLX's device time at 2-5 rows of 16384 x 3072 and 3072 x 8192, but its call costs the
-    /// host about 7 us more than MLX's, which a small weight's saving (2.6 us at 2 rows of 3072 x 3072)
-    /// does not repay.
+    /// ours) of a weight of at least 2^24 elements, with `MLX_GEN_QMM_KERNEL=1`. Measured on the H200
+    /// (BENCHMARKS.md, 4-bit): ours 1.5-2.8x faster than MLX's on the device at 2-5 rows of 16384 x
+    /// 3072 and 3072 x 8192, but its call costs the host about 7 us more than MLX's, which a small
+    /// weight's saving (2.6 us at 2 rows of 3072 x 3072) does not repay.
     pub fn few_rows_pays(&self, rows: i32) -> bool {
         let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
         (2..=7).contains(&rows) && elements >= 1 << 24 && few_rows_kernel()
@@ -235,10 +235,12 @@ impl Quantized {
 }
 
 /// Whether [`mlx::fast::qmm_rows`] may take products of a few rows (it itself runs only on a CUDA
-/// GPU and falls back to MLX's product elsewhere): on unless `MLX_GEN_QMM_KERNEL=0`.
+/// GPU and falls back to MLX's product elsewhere): `MLX_GEN_QMM_KERNEL=1`. Off by default: the
+/// device time it saves did not show in the engine's figures (BENCHMARKS.md, 2026-12-06 third
+/// session: a Llama-3.2-3B batch step of 2 rows 0.86x, of 4 rows 1.1x).
 fn few_rows_kernel() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_KERNEL").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_KERNEL").is_ok_and(|v| v == "1"))
 }
 
 #[cfg(test)]

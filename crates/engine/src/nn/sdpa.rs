@@ -49,21 +49,21 @@ pub fn with_fused_attention<T>(f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Query positions up to which the composed attention runs as [`fast::sdpa_few`] on CUDA: a batch
-/// decode step (1) and a speculative verification (K+1). A newcomers' prefill chunk (hundreds of
-/// positions) stays composed: the kernel scans every key once a query on CUDA cores, where cuBLAS's
-/// products use the tensor cores (with it, the H200's server at 8 streams of Llama-3.2-3B took
-/// 0.9x the time-to-first-token-bound throughput).
+/// Query positions up to which the composed attention may run as [`fast::sdpa_few`] on CUDA: a
+/// batch decode step (1) and a speculative verification (K+1). A newcomers' prefill chunk (hundreds
+/// of positions) stays composed: the kernel scans every key once a query on CUDA cores, where
+/// cuBLAS's products use the tensor cores.
 const FEW_MAX_POSITIONS: i32 = 16;
 
 /// Whether the few-position attention the GPU composes runs as one CUDA kernel of ours instead
 /// ([`fast::sdpa_few`]: one kernel a layer where the composed path has five and two cuBLAS
-/// products, each of which MLX's host encodes): on unless `MLX_GEN_ATTN_KERNEL=0`. Measured on the
-/// H200 (BENCHMARKS.md): a Qwen3-0.6B batch step of 2 / 4 rows 1.4x faster, the server at 32
-/// streams 1.11x.
+/// products): `MLX_GEN_ATTN_KERNEL=1`. Off by default: measured (BENCHMARKS.md, 2026-12-06 third
+/// session) a Qwen3-0.6B batch step of 2 / 4 rows is 1.3-1.4x faster with it, but the server at 8
+/// and 32 streams was 0.82-0.92x on the H100 (1.11x at 32 on the H200) and a verification of 9
+/// positions slower (Llama-3.2-3B shape 11.5 against 9.8 ms a round).
 fn few_kernel() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_GEN_ATTN_KERNEL").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| std::env::var("MLX_GEN_ATTN_KERNEL").is_ok_and(|v| v == "1"))
 }
 
 /// Whether this thread is inside [`with_fused_attention`] (a single sequence's prompt prefill): MLX's
