@@ -438,12 +438,13 @@ kserve)
 pacing)
   # Issue 22 item 5: where the slow tokens are (p99 2.36x p50 on Llama-3.2-3B at the second lease of 2026-12-06,
   # mlx-lm 1.13x): each run lists its 12 longest inter-token intervals with the token they ended at (every 256th
-  # token: the KV cache's growth and MLX's buffer cache cleared; anywhere: the host). 2 rounds, then unfused.
+  # token: the KV cache's growth and MLX's buffer cache cleared; anywhere: the host), each with its host stages
+  # (MLX_GEN_TRACE: graph, MLX's queueing, the wait for the token). 2 rounds, then unfused.
   for s in llama-3.2-3b qwen2.5-7b; do
     for r in 1 2; do
-      echo "== $s round $r: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
+      echo "== $s round $r: $(MLX_GEN_TRACE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
     done
-    echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
+    echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
 *) echo "unknown section $section (qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;

@@ -142,9 +142,22 @@ fn bench_pacing_reports_quantiles_and_the_slowest_tokens() {
     assert_eq!(slowest.len(), 12, "{p}");
     assert!(slowest.windows(2).all(|w| w[0].0 < w[1].0) && slowest.iter().all(|&(i, _)| (1..30).contains(&i)), "token order, within the trial: {p}");
     assert!(slowest.iter().any(|&(_, ms)| ms == f("max_ms")) && slowest.iter().all(|&(_, ms)| ms >= f("p50_ms")), "the longest intervals: {p}");
+    assert!(p.get("slowest_split").is_none(), "the host's stages only with MLX_GEN_TRACE: {p}");
     let text = stdout(&run(&base));
     let line = text.lines().find(|l| l.starts_with("Pacing: 30 tokens, inter-token p50=")).unwrap_or_else(|| panic!("no pacing line: {text}"));
-    assert!(line.contains("slowest at tokens (ms): "), "{line}");
+    assert!(line.contains("slowest at tokens (ms): ") && !line.contains("graph"), "{line}");
+    // With the trace, each of the slowest tokens says how its interval split on the host: building the
+    // next step's graph, MLX queueing it, waiting for the token; together at most the interval.
+    let traced = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen")).args([&base[..], &["--json"]].concat()).env("MLX_GEN_TRACE", "1").output().unwrap();
+    let v: Value = serde_json::from_str(stdout(&traced).trim()).expect("bench --json prints one JSON object");
+    let p = &v["pacing"];
+    let splits = p["slowest_split"].as_array().unwrap_or_else(|| panic!("no slowest_split with MLX_GEN_TRACE: {p}"));
+    assert_eq!(splits.len(), 12, "{p}");
+    for (split, slow) in splits.iter().zip(p["slowest"].as_array().unwrap()) {
+        let parts: Vec<f64> = split.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let interval = slow[1].as_f64().unwrap();
+        assert!(parts.len() == 3 && parts.iter().all(|&x| x >= 0.0) && parts.iter().sum::<f64>() <= interval + 1e-6, "{split} of {interval} ms: {p}");
+    }
 }
 
 #[test]

@@ -93,7 +93,22 @@ impl Drop for Generator<'_> {
     }
 }
 
+/// With `MLX_GEN_TRACE` set, the host's time so far over the generated tokens, in seconds: building
+/// the next step's graph, MLX queueing it, and waiting for the token handed out.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimes {
+    pub graph: f64,
+    pub queue: f64,
+    pub wait: f64,
+}
+
 impl<'m> Generator<'m> {
+    /// The trace's stage times so far (`None` without `MLX_GEN_TRACE`); the difference between two
+    /// tokens' values is what the host did for the later one.
+    pub fn step_times(&self) -> Option<StepTimes> {
+        self.timing.map(|(build, wait, _, graph)| StepTimes { graph, queue: build - graph, wait })
+    }
+
     /// Prefills `prompt` into `cache` (fresh from `model.make_cache()` or continued) and queues the
     /// first token.
     pub fn new(

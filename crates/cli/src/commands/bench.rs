@@ -97,6 +97,10 @@ struct Pacing {
     /// whether they recur every 256 tokens (the KV cache's growth step, MLX's buffer cache cleared)
     /// or fall anywhere says where to look.
     slowest: Vec<(usize, f64)>,
+    /// With `MLX_GEN_TRACE`: for each of `slowest`, the host's ms on that token building the next
+    /// step's graph, MLX queueing it, and waiting for the token (a host stall or the device's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slowest_split: Option<Vec<[f64; 3]>>,
 }
 
 /// How many of the longest intervals [`Pacing`] lists.
@@ -300,7 +304,15 @@ pub fn run(args: Args, device: &str) -> Result<()> {
             println!("{}", memory::line(m));
         }
         if let Some(p) = &report.pacing {
-            let slow: Vec<String> = p.slowest.iter().map(|(i, ms)| format!("{i} ({ms:.2})")).collect();
+            let slow: Vec<String> = p
+                .slowest
+                .iter()
+                .enumerate()
+                .map(|(k, (i, ms))| match p.slowest_split.as_ref().and_then(|s| s.get(k)) {
+                    Some([g, q, w]) => format!("{i} ({ms:.2}: graph {g:.2}, queue {q:.2}, wait {w:.2})"),
+                    None => format!("{i} ({ms:.2})"),
+                })
+                .collect();
             println!(
                 "Pacing: {} tokens, inter-token p50={:.3} ms, p99={:.3} ms ({:.2}x p50), max={:.3} ms; slowest at tokens (ms): {}",
                 p.tokens,
@@ -372,15 +384,19 @@ fn spec_trial(loaded: &LoadedModel, draft: Option<&LoadedModel>, prompt: &[u32],
     Ok((t.generation_tps, stream.stats().unwrap_or_default()))
 }
 
-/// The intervals between consecutive tokens of one generation (after the first token).
+/// The intervals between consecutive tokens of one generation (after the first token); with
+/// `MLX_GEN_TRACE`, the slowest ones' host stages too.
 fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
     let config = config_of(args);
     let mut marks = Vec::with_capacity(args.generation_tokens);
+    let mut times = Vec::with_capacity(args.generation_tokens);
     crate::rank::heartbeat("prefill");
-    for step in Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)? {
+    let mut generator = Generator::new(loaded.model.as_ref(), prompt, loaded.model.make_cache(), config)?;
+    while let Some(step) = generator.next() {
         step?;
         crate::rank::heartbeat("generation step");
         marks.push(Instant::now());
+        times.extend(generator.step_times());
     }
     let intervals: Vec<(usize, f64)> = marks.windows(2).enumerate().map(|(i, w)| (i + 1, (w[1] - w[0]).as_secs_f64() * 1e3)).collect();
     let mut ms: Vec<f64> = intervals.iter().map(|&(_, d)| d).collect();
@@ -390,7 +406,11 @@ fn pacing(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Pacing> {
     slowest.sort_by(|a, b| b.1.total_cmp(&a.1));
     slowest.truncate(SLOWEST);
     slowest.sort_by_key(|&(i, _)| i);
-    Ok(Pacing { tokens: marks.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms.last().copied().unwrap_or(0.0), slowest })
+    // Token i's stages: the trace's totals after it less those after token i - 1.
+    let slowest_split = (times.len() == marks.len()).then(|| {
+        slowest.iter().map(|&(i, _)| [times[i].graph - times[i - 1].graph, times[i].queue - times[i - 1].queue, times[i].wait - times[i - 1].wait].map(|s| s * 1e3)).collect()
+    });
+    Ok(Pacing { tokens: marks.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: ms.last().copied().unwrap_or(0.0), slowest, slowest_split })
 }
 
 /// One generation of `generation_tokens` tokens (per sequence), EOS ignored. Peak memory is MLX's
