@@ -19,9 +19,6 @@
 // where mlx-lm's tokens are not the reference (batch steps, verification).
 #include "internal.h"
 
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -144,19 +141,12 @@ constexpr int kWarps = 4;
 
 // The kernel for `scale` (written into its source), built once per value and never destroyed.
 const mx::fast::CustomKernelFunction& kernel_for(float scale) {
-  static std::mutex lock;
-  static std::map<uint32_t, const mx::fast::CustomKernelFunction*> kernels;
-  uint32_t bits;
-  std::memcpy(&bits, &scale, sizeof bits);
-  std::lock_guard<std::mutex> held(lock);
-  auto& slot = kernels[bits];
-  if (slot == nullptr) {
+  static shim::KernelsByFloat kernels;
+  return kernels.get(scale, [](uint32_t bits) {
     std::string body = cuda_body(bits);
     std::string name = shim::kernel_name("mlxgen_sdpa_few", body);
-    slot = new mx::fast::CustomKernelFunction(
-        mx::fast::cuda_kernel(name, {"q", "k", "v", "mask"}, {"out"}, body, "", /* ensure_row_contiguous */ false));
-  }
-  return *slot;
+    return mx::fast::cuda_kernel(name, {"q", "k", "v", "mask"}, {"out"}, body, "", /* ensure_row_contiguous */ false);
+  });
 }
 
 // Unit stride along the last axis (a copy otherwise).

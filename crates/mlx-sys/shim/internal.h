@@ -1,6 +1,6 @@
 // What the shim's files share: the owned-array handle, the exception guard that reports through
 // mlxs_last_error() (distributed.cpp keeps errors of its own), handle conversion, and what custom
-// GPU kernels need (recurrent.cpp, norm.cpp).
+// GPU kernels need (recurrent.cpp, norm.cpp, qmm.cpp, attention.cpp).
 #pragma once
 
 #include "shim.h"
@@ -11,6 +11,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -76,5 +79,26 @@ inline std::string kernel_name(const std::string& base, const std::string& sourc
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return base + "_" + hex;
 }
+
+// Custom kernels whose source depends on a float written into it (an epsilon, a scale): each built
+// by `build` once per value, on first use, and never destroyed.
+class KernelsByFloat {
+ public:
+  template <class F>
+  const mx::fast::CustomKernelFunction& get(float value, F&& build) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    std::lock_guard<std::mutex> held(lock_);
+    auto& slot = kernels_[bits];
+    if (slot == nullptr) {
+      slot = new mx::fast::CustomKernelFunction(build(bits));
+    }
+    return *slot;
+  }
+
+ private:
+  std::mutex lock_;
+  std::map<uint32_t, const mx::fast::CustomKernelFunction*> kernels_;
+};
 
 }  // namespace shim

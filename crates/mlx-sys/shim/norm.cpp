@@ -19,9 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -120,21 +117,14 @@ std::string metal_body(uint32_t eps_bits) {
 
 // The kernel for eps on this backend, built once per eps value and never destroyed.
 const mx::fast::CustomKernelFunction& kernel_for(float eps, bool cuda) {
-  static std::mutex lock;
-  static std::map<uint32_t, const mx::fast::CustomKernelFunction*> kernels;
-  uint32_t bits;
-  std::memcpy(&bits, &eps, sizeof bits);
-  std::lock_guard<std::mutex> held(lock);
-  auto& slot = kernels[bits];
-  if (slot == nullptr) {
+  static shim::KernelsByFloat kernels;
+  return kernels.get(eps, [cuda](uint32_t bits) {
     std::vector<std::string> in{"x", "y", "w"}, out{"h", "out"};
     std::string body = cuda ? cuda_body(bits) : metal_body(bits);
     std::string name = shim::kernel_name("mlxgen_add_rms_norm", body);
-    slot = new mx::fast::CustomKernelFunction(
-        cuda ? mx::fast::cuda_kernel(name, in, out, body, "#include <cooperative_groups/reduce.h>\n")
-             : mx::fast::metal_kernel(name, in, out, body));
-  }
-  return *slot;
+    return cuda ? mx::fast::cuda_kernel(name, in, out, body, "#include <cooperative_groups/reduce.h>\n")
+                : mx::fast::metal_kernel(name, in, out, body);
+  });
 }
 
 // MLX's CUDA RMSNorm::eval_gpu's choice of threads a row (BLOCK) and rounds (CHUNKS) of

@@ -17,7 +17,6 @@
 // Other backends, dtypes, bit widths or modes take MLX's quantized_matmul.
 #include "internal.h"
 
-#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
