@@ -12,7 +12,7 @@
 //! `batch_step_cost --qmm [ROWS...]`: the quantized product of a few rows (`mlx::fast::qmm_rows`,
 //! ours on a CUDA GPU) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of a
 //! Llama-3.2-3B layer's shapes: the largest difference relative to MLX's largest output, and
-//! microseconds a product of each (100 products queued at once, median of 5).
+//! microseconds a product of each (100 products queued at once, median of 6 such batches).
 //!
 //! `batch_step_cost --attn`: the few-position attention kernel (`mlx::fast::sdpa_few`, ours on a CUDA
 //! GPU) against MLX's `scaled_dot_product_attention`: a 32-row decode step over left-padded keys
@@ -58,6 +58,20 @@ fn prefill_case(m: &LoadedModel, case: &str) -> Result<(), Box<dyn std::error::E
     Ok(())
 }
 
+/// Microseconds a call of `f`: `calls` calls queued at once and evaluated together, the median of 6
+/// such batches.
+fn us_per_call(calls: usize, f: impl Fn() -> mlx::Result<mlx::Array>) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut t = Vec::new();
+    for _ in 0..6 {
+        let ys: Vec<mlx::Array> = (0..calls).map(|_| f()).collect::<Result<_, _>>()?;
+        let t0 = Instant::now();
+        mlx::eval(&ys.iter().collect::<Vec<_>>())?;
+        t.push(t0.elapsed().as_secs_f64() * 1e6 / calls as f64);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[3])
+}
+
 /// `--qmm`: ours against MLX's for each weight shape and row count.
 fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
     use mlx::ops::QuantSpec;
@@ -74,18 +88,7 @@ fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
             let theirs = |x: &Array| mlx::ops::quantized_matmul(x, &wq, &s, b.as_ref(), true, spec);
             let (a, r) = (ours(&x)?.astype(Dtype::F32)?, theirs(&x)?.astype(Dtype::F32)?);
             let diff = a.sub(&r)?.abs()?.max(&[0, 1], false)?.item::<f32>()? / r.abs()?.max(&[0, 1], false)?.item::<f32>()?;
-            let time = |f: &dyn Fn(&Array) -> mlx::Result<Array>| -> Result<f64, Box<dyn std::error::Error>> {
-                let mut t = Vec::new();
-                for _ in 0..6 {
-                    let ys: Vec<Array> = (0..100).map(|_| f(&x)).collect::<Result<_, _>>()?;
-                    let t0 = Instant::now();
-                    mlx::eval(&ys.iter().collect::<Vec<_>>())?;
-                    t.push(t0.elapsed().as_secs_f64() * 1e4); // us a product
-                }
-                t.sort_by(f64::total_cmp);
-                Ok(t[3])
-            };
-            let (to, tt) = (time(&ours)?, time(&theirs)?);
+            let (to, tt) = (us_per_call(100, || ours(&x))?, us_per_call(100, || theirs(&x))?);
             println!("qmm {n}x{k} rows {m:2}: ours {to:7.1} us, MLX {tt:7.1} us ({:.2}x), max diff {diff:.2e} of MLX's max", tt / to);
         }
     }
@@ -118,15 +121,8 @@ fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
         let ours = mlx::fast::sdpa_few(&q, &k, &v, scale, mask)?.astype(Dtype::F32)?;
         let theirs = mlx::fast::sdpa(&q, &k, &v, scale, mask)?.astype(Dtype::F32)?;
         let diff = ours.sub(&theirs)?.abs()?.max(&[0, 1, 2, 3], false)?.item::<f32>()? / theirs.abs()?.max(&[0, 1, 2, 3], false)?.item::<f32>()?;
-        let mut t = Vec::new();
-        for _ in 0..6 {
-            let ys: Vec<Array> = (0..50).map(|_| mlx::fast::sdpa_few(&q, &k, &v, scale, mask)).collect::<Result<_, _>>()?;
-            let t0 = Instant::now();
-            mlx::eval(&ys.iter().collect::<Vec<_>>())?;
-            t.push(t0.elapsed().as_secs_f64() * 2e4); // us a call
-        }
-        t.sort_by(f64::total_cmp);
-        println!("attn B {b} Hq {hq} Hkv {hkv} L {l} S {s} D {d} {kind}: ours {:.1} us, max diff {diff:.2e} of MLX's max", t[3]);
+        let t = us_per_call(50, || mlx::fast::sdpa_few(&q, &k, &v, scale, mask))?;
+        println!("attn B {b} Hq {hq} Hkv {hkv} L {l} S {s} D {d} {kind}: ours {t:.1} us, max diff {diff:.2e} of MLX's max");
     }
     Ok(())
 }

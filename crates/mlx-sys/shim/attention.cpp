@@ -181,7 +181,9 @@ int mlxs_sdpa_few(mlxs_array* out, const mlxs_array q, const mlxs_array k, const
     const auto qa = unit_last(arr(q)), ka = unit_last(arr(k)), va = unit_last(arr(v));
     const int b = qa.shape(0), hq = qa.shape(1), l = qa.shape(2), d = qa.shape(3);
     int kind = 0;
-    mx::array m = mx::zeros({1, 1, 1, 1}, qa.dtype());
+    // Without a mask the kernel reads none: a constant of one element (data, no kernel to fill it), 4-D
+    // so that its shape and strides are among the kernel's parameters as the body names them.
+    mx::array m = mx::array({0.0f}, {1, 1, 1, 1});
     if (mask != nullptr) {
       m = arr(mask);
       kind = m.dtype() == mx::bool_ ? 1 : 2;

@@ -165,15 +165,18 @@ impl Quantized {
         })
     }
 
-    /// Whether a product of `rows` rows by this weight takes [`mlx::fast::qmm_rows`]: 2-7 rows
+    /// Whether the product of x (..., in) by this weight takes [`mlx::fast::qmm_rows`]: 2-7 rows
     /// (MLX's CUDA backend multiplies them one row at a time; from 8 its tiled product is faster than
     /// ours) of a weight of at least 2^24 elements, with `MLX_GEN_QMM_KERNEL=1`. Measured on the H200
     /// (BENCHMARKS.md, 4-bit): ours 1.5-2.8x faster than MLX's on the device at 2-5 rows of 16384 x
     /// 3072 and 3072 x 8192, but its call costs the host about 7 us more than MLX's, which a small
     /// weight's saving (2.6 us at 2 rows of 3072 x 3072) does not repay.
-    pub fn few_rows_pays(&self, rows: i32) -> bool {
-        let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
-        (2..=7).contains(&rows) && elements >= 1 << 24 && few_rows_kernel()
+    pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
+        // The switch first: off (the default) it costs a decode step's products nothing.
+        few_rows_kernel() && (2..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && {
+            let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
+            elements >= 1 << 24
+        }
     }
 
     pub fn arrays(&self) -> Vec<&mlx::Array> {
@@ -221,8 +224,7 @@ impl Quantized {
         if self.weight.ndim() != 2 || x.ndim() == 0 {
             return self.matmul(x, true);
         }
-        let rows = x.shape()[..x.ndim() - 1].iter().product::<i32>();
-        let few = self.few_rows_pays(rows) && !crate::nn::sdpa::mlx_kernels_only();
+        let few = self.few_rows_pays(x) && !crate::nn::sdpa::mlx_kernels_only();
         if x.ndim() <= 2 && !few {
             return self.matmul(x, true);
         }
