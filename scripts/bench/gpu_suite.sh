@@ -42,6 +42,12 @@
 #   gpu_suite.sh qmmk   our few-row quantized product and few-position attention against MLX's: error, time, then
 #                       the batch step, verification and prompt lookup with and without them (MLX_GEN_QMM_KERNEL,
 #                       MLX_GEN_ATTN_KERNEL)
+#   gpu_suite.sh qmv    our quantized product of 1-8 rows (MLX_GEN_QMM_KERNEL: 1 = weights of 2^24+ elements, all =
+#                       every weight) against MLX's: error, time and bandwidth a product; then decode (prompt 512, 256
+#                       tokens) on the Qwen2.5-7B, Llama-3.2-3B and Qwen3-0.6B shapes with it off / 1 / all, alternating
+#                       (QV_ROUNDS, default "1 2 3"; QV_SHAPES)
+#   gpu_suite.sh qmvside  with MLX_GEN_QMM_KERNEL=${QV:-1}: side by side with mlx-lm (QV_SHAPES, 3 rounds, same MLX
+#                       settings), greedy tokens against mlx-lm's (fidelity), the batch step at 1-8 rows
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
@@ -419,6 +425,27 @@ qmmk)
     done
   done
   ;;
+qmv)
+  ./batch_step_cost --qmm 1 2 4 8
+  for r in ${QV_ROUNDS:-1 2 3}; do
+    for s in ${QV_SHAPES:-qwen2.5-7b llama-3.2-3b qwen3-0.6b}; do
+      d=$(shape_dir $s)
+      for k in 0 1 all; do
+        echo "== round $r $s MLX_GEN_QMM_KERNEL=$k: $(MLX_GEN_QMM_KERNEL=$k ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+      done
+    done
+  done
+  ;;
+qmvside)
+  shapes=${QV_SHAPES:-qwen2.5-7b llama-3.2-3b qwen3-0.6b}
+  for s in $shapes; do shape_dir $s >/dev/null; done
+  MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes ${shapes// /,} \
+      -p 512 -g 256 -n 2 --rounds 3 --mlx-gen-env "MLX_GEN_QMM_KERNEL=${QV:-1},MLX_MAX_OPS_PER_BUFFER=80" \
+      --out "$out/side_by_side_qmv.json"
+  dirs=(); for s in $shapes; do dirs+=("$(shape_dir $s)"); done
+  MLX_GEN_QMM_KERNEL=${QV:-1} python3 bench/gpu_fidelity.py --mlx-gen ./mlx-gen -m 256 "${dirs[@]}" | tee "$out/fidelity-qmv.jsonl"
+  for k in 0 ${QV:-1}; do echo "== llama-3.2-3b batch step, MLX_GEN_QMM_KERNEL=$k"; MLX_GEN_QMM_KERNEL=$k ./batch_step_cost "$(shape_dir llama-3.2-3b)" 1 2 4 8; done
+  ;;
 kserve)
   # The server with our few-row kernels (MLX_GEN_QMM_KERNEL=1 MLX_GEN_ATTN_KERNEL=1) and without, alternating,
   # 1/8/32 streams, 128 tokens (issue 20's 32-vs-1 scaling); KR rounds (default "1 2"), then the engine trace.
@@ -447,6 +474,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -1,20 +1,19 @@
-// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) @ dequantize(w)ᵀ for 2 <= M <= 32,
-// as one CUDA kernel through MLX's custom-kernel API. It is what a batch decode step (one row a
-// sequence) and a speculative verification (K+1 positions) multiply by every weight. MLX 0.32's CUDA
-// backend runs such products with its matrix-vector kernel once a row up to 7 rows (from 8 rows a tiled
-// product). Measured on the H200 (`batch_step_cost --qmm`, 4-bit g64): ours is 1.2-2.8x faster than
-// MLX's at 2-5 rows (12-51 us against 15-143 over Llama-3.2-3B's weights), slower from 8 rows (MLX's
-// tiled product: 10-42 us at 32 rows), and its call costs the host more than MLX's product, so the
-// engine asks for it only with MLX_GEN_QMM_KERNEL=1, for 2-7 rows of weights of 2^24 elements or more.
+// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) @ dequantize(w)ᵀ for 1 <= M <= 8,
+// as one CUDA kernel through MLX's custom-kernel API: a decode step's products (one row), a batch
+// decode step's (one row a sequence) and a speculative verification's (K+1 positions). MLX 0.32's
+// CUDA backend runs 1-7 rows with its matrix-vector kernel once a row (from 8 rows a tiled product),
+// and that kernel reads a weight at about a sixth of the H200's memory bandwidth (16384 x 3072, 4-bit:
+// 33 us for 25 MB, `batch_step_cost --qmm`), which is most of a 7B model's decode step.
 //
-// Here each warp computes R output columns for all M rows: its lanes walk K one packed word at a time
-// (coalesced, each weight word read once for all rows), dequantize the word's values as MLX's affine
-// mode defines them (scale * q + bias, per group of GS values along K), and accumulate the M rows'
-// dot products in float32; x is read straight from global memory (the same rows for every warp: L1
-// hits), then a warp sum per output. The result rounds differently from MLX's kernels (another
-// summation order): the engine uses it only where mlx-lm's tokens are not the reference (a batch
-// step of several rows, a verification; never a single sequence's prompt or decode step).
-// Other backends, dtypes, bit widths or modes take MLX's quantized_matmul.
+// Here a block of 128 threads computes R output columns for all M rows. Its threads split K: each
+// reads one 16-byte pack of every one of the R weight rows at a time (32 values at 4 bits, 16 at 8;
+// a warp reads 512 contiguous bytes a row, R loads in flight a thread), and the matching values of
+// x's rows. A pack lies in one quantization group, so the sum is s * sum(x q) + b * sum(x) per pack
+// (MLX's affine dequantization, scale * q + bias, summed in another order). A value q becomes a float
+// without a conversion instruction: the bits of q at bit position p, OR-ed into the exponent of
+// 2^(23 - p), are the float 2^(23 - p) + q. Sums in float32, then a warp sum and one across the
+// block's warps. The result rounds differently from MLX's kernels (another summation order).
+// Other backends, dtypes, bit widths, modes or row counts take MLX's quantized_matmul.
 #include "internal.h"
 
 #include <mutex>
@@ -28,21 +27,26 @@ using shim::guard;
 using shim::wrap;
 
 // Template arguments: T (x, scales, biases, out), BITS (4 or 8), GS (group size), MMAX (rows the
-// accumulators hold, M <= MMAX), R (output columns a warp), WARPS (warps a block). M, K from x's
-// shape, N from w's. x's rows are read a pack of VALS elements at a time where its data starts on a
-// pack's size (K is a multiple of VALS, so then every row does), else element by element.
+// accumulators hold, M <= MMAX), R (output columns a block), THREADS (a block's threads). M, K from
+// x's shape, N from w's. Weights and x are read in packs where their data start on a pack's size
+// (then every row does: K is a multiple of a pack's values), else word by word.
 const char* kCudaBody = R"(
-  constexpr int VALS = 32 / BITS;
+  constexpr int VPW = 32 / BITS;      // values a 32-bit word
+  constexpr int VPU = 4 * VPW;        // values a 16-byte pack
+  constexpr int HALF = 16 / BITS;     // values a 16-bit half word
   constexpr unsigned QMASK = (1u << BITS) - 1u;
-  struct alignas(sizeof(T) * VALS) Pack { T v[VALS]; };
+  constexpr int WARPS = THREADS / 32;
+  struct alignas(sizeof(T) * VPW) XPack { T v[VPW]; };
+  __shared__ float red[WARPS][R][MMAX];
   const int M = x_shape[0];
   const int K = x_shape[1];
   const int N = w_shape[0];
-  const int KW = K / VALS;
+  const int U = K / VPU;
   const int KG = K / GS;
-  const bool aligned = (reinterpret_cast<unsigned long long>(x) % sizeof(Pack)) == 0;
-  const int lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+  const int n0 = blockIdx.x * R;
+  const int tid = threadIdx.x;
+  const bool w_packed = (reinterpret_cast<unsigned long long>(w) % 16) == 0;
+  const bool x_packed = (reinterpret_cast<unsigned long long>(x) % sizeof(XPack)) == 0;
   float acc[R][MMAX];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -51,74 +55,138 @@ const char* kCudaBody = R"(
       acc[r][m] = 0.0f;
     }
   }
-#pragma unroll 2
-  for (int kw = lane; kw < KW; kw += 32) {
-    const int g = (kw * VALS) / GS;
-    float wv[R][VALS];
+  for (int u = tid; u < U; u += THREADS) {
+    uint32_t words[R][4];
+    float s[R];
+    float b[R];
+    const int g = (u * VPU) / GS;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int n = n0 + r;
       if (n < N) {
-        const uint32_t word = w[(long long)n * KW + kw];
-        const float s = static_cast<float>(scales[(long long)n * KG + g]);
-        const float b = static_cast<float>(biases[(long long)n * KG + g]);
+        const uint32_t* wr = w + ((long long)n * U + u) * 4;
+        if (w_packed) {
+          const uint4 p = *reinterpret_cast<const uint4*>(wr);
+          words[r][0] = p.x;
+          words[r][1] = p.y;
+          words[r][2] = p.z;
+          words[r][3] = p.w;
+        } else {
 #pragma unroll
-        for (int j = 0; j < VALS; ++j) {
-          wv[r][j] = fmaf(static_cast<float>((word >> (BITS * j)) & QMASK), s, b);
+          for (int i = 0; i < 4; ++i) {
+            words[r][i] = wr[i];
+          }
         }
+        s[r] = static_cast<float>(scales[(long long)n * KG + g]);
+        b[r] = static_cast<float>(biases[(long long)n * KG + g]);
       } else {
 #pragma unroll
-        for (int j = 0; j < VALS; ++j) {
-          wv[r][j] = 0.0f;
+        for (int i = 0; i < 4; ++i) {
+          words[r][i] = 0u;
+        }
+        s[r] = 0.0f;
+        b[r] = 0.0f;
+      }
+    }
+    float dot[R][MMAX];
+    float xsum[MMAX];
+#pragma unroll
+    for (int m = 0; m < MMAX; ++m) {
+      xsum[m] = 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        dot[r][m] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) {
+      float xv[MMAX][VPW];
+#pragma unroll
+      for (int m = 0; m < MMAX; ++m) {
+        if (m < M) {
+          const T* xr = x + (long long)m * K + (long long)u * VPU + wi * VPW;
+          if (x_packed) {
+            const XPack p = *reinterpret_cast<const XPack*>(xr);
+#pragma unroll
+            for (int j = 0; j < VPW; ++j) {
+              xv[m][j] = static_cast<float>(p.v[j]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < VPW; ++j) {
+              xv[m][j] = static_cast<float>(xr[j]);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < VPW; ++j) {
+            xsum[m] += xv[m][j];
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float q[VPW];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t bits = h == 0 ? words[r][wi] : (words[r][wi] >> 16);
+#pragma unroll
+          for (int j = 0; j < HALF; ++j) {
+            const uint32_t e = (uint32_t)(127 + 23 - BITS * j) << 23;
+            q[h * HALF + j] = __uint_as_float((bits & (QMASK << (BITS * j))) | e) - __uint_as_float(e);
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < MMAX; ++m) {
+          if (m < M) {
+#pragma unroll
+            for (int j = 0; j < VPW; ++j) {
+              dot[r][m] = fmaf(xv[m][j], q[j], dot[r][m]);
+            }
+          }
         }
       }
     }
 #pragma unroll
-    for (int m = 0; m < MMAX; ++m) {
-      if (m < M) {
-        float xv[VALS];
-        const T* xr = x + (long long)m * K + (long long)kw * VALS;
-        if (aligned) {
-          const Pack p = *reinterpret_cast<const Pack*>(xr);
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-          for (int j = 0; j < VALS; ++j) {
-            xv[j] = static_cast<float>(p.v[j]);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < VALS; ++j) {
-            xv[j] = static_cast<float>(xr[j]);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-          for (int j = 0; j < VALS; ++j) {
-            acc[r][m] = fmaf(xv[j], wv[r][j], acc[r][m]);
-          }
-        }
+      for (int m = 0; m < MMAX; ++m) {
+        acc[r][m] += s[r] * dot[r][m] + b[r] * xsum[m];
       }
     }
   }
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int m = 0; m < MMAX; ++m) {
-      if (m < M) {
-        float v = acc[r][m];
+      float v = acc[r][m];
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          v += __shfl_xor_sync(0xffffffffu, v, off);
-        }
-        if (lane == 0 && n0 + r < N) {
-          out[(long long)m * N + n0 + r] = static_cast<T>(v);
-        }
+      for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
       }
+      if (lane == 0) {
+        red[warp][r][m] = v;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid < R * MMAX) {
+    const int r = tid / MMAX;
+    const int m = tid % MMAX;
+    if (m < M && n0 + r < N) {
+      float v = 0.0f;
+#pragma unroll
+      for (int i = 0; i < WARPS; ++i) {
+        v += red[i][r][m];
+      }
+      out[(long long)m * N + n0 + r] = static_cast<T>(v);
     }
   }
 )";
 
-constexpr int kWarps = 4;
+constexpr int kThreads = 128;
+constexpr int kCols = 4;
 
 const mx::fast::CustomKernelFunction& qmm_kernel() {
   static std::once_flag once;
@@ -131,7 +199,7 @@ const mx::fast::CustomKernelFunction& qmm_kernel() {
   return *kernel;
 }
 
-// Whether the kernel takes this product: the CUDA backend, 2-D x of 2-32 rows in a 16-bit float
+// Whether the kernel takes this product: the CUDA backend, 2-D x of 1-8 rows in a 16-bit float
 // type, affine 4- or 8-bit weights (out, in) with scales and biases of x's type and a group size
 // of 32, 64 or 128 dividing K.
 bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
@@ -143,7 +211,7 @@ bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx:
     return false;
   }
   const int m = x.shape(0), k = x.shape(1), n = w.shape(0);
-  if (m < 2 || m > 32 || k % gs != 0 || w.shape(1) * (32 / bits) != k) {
+  if (m < 1 || m > 8 || k % gs != 0 || w.shape(1) * (32 / bits) != k) {
     return false;
   }
   if (x.dtype() != mx::bfloat16 && x.dtype() != mx::float16) {
@@ -170,15 +238,12 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
       return;
     }
     const int m = xa.shape(0), n = wa.shape(0);
-    const int mmax = m <= 4 ? 4 : m <= 8 ? 8 : m <= 16 ? 16 : 32;
-    const int r = mmax >= 32 ? 2 : 4;
-    const int cols = kWarps * r;
-    const int blocks = (n + cols - 1) / cols;
+    const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
+    const int blocks = (n + kCols - 1) / kCols;
     std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
-        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", mmax},
-        {"R", r},          {"WARPS", kWarps}};
-    auto outs = qmm_kernel()({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {blocks * kWarps * 32, 1, 1},
-                             {kWarps * 32, 1, 1}, targs, std::nullopt, false, {});
+        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", mmax}, {"R", kCols}, {"THREADS", kThreads}};
+    auto outs = qmm_kernel()({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {blocks * kThreads, 1, 1},
+                             {kThreads, 1, 1}, targs, std::nullopt, false, {});
     *out = wrap(outs[0]);
   });
 }

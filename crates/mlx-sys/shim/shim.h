@@ -123,7 +123,7 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
    (same shape and a floating dtype for x, y and w, w of length D), else MLX's two operations. */
 int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const mlxs_array y, const mlxs_array w,
                       float eps, int kernel);
-/* x (M, K) @ dequantize(w)ᵀ for 2 <= M <= 32 rows as one CUDA kernel (qmm.cpp) where the default device
+/* x (M, K) @ dequantize(w)ᵀ for 1 <= M <= 8 rows as one CUDA kernel (qmm.cpp) where the default device
    is a CUDA GPU and the product suits it (affine 4- or 8-bit, group 32/64/128, 16-bit floats), else
    MLX's quantized_matmul (transposed). */
 int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,

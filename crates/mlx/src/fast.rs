@@ -63,11 +63,11 @@ pub fn add_rms_norm(x: &Array, y: &Array, w: &Array, eps: f32, kernel: bool) -> 
     Ok((Array::from_handle(h), Array::from_handle(out)))
 }
 
-/// `x @ dequantize(w)ᵀ` for x (M, K): on a CUDA GPU, for 2 <= M <= 32 rows of bfloat16 or float16
+/// `x @ dequantize(w)ᵀ` for x (M, K): on a CUDA GPU, for 1 <= M <= 8 rows of bfloat16 or float16
 /// and affine 4- or 8-bit weights in groups of 32, 64 or 128, one kernel of ours that reads each
-/// weight once for all rows (MLX's reads it once a row up to 7 rows; from 8 MLX's tiled product is
-/// the faster, measured on the H200); it sums in another order than MLX's kernels. Anything else
-/// is [`crate::ops::quantized_matmul`] with the transpose.
+/// weight once for all rows in 16-byte packs (MLX's reads it once a row up to 7 rows with a
+/// matrix-vector kernel); it sums in another order than MLX's kernels. Anything else is
+/// [`crate::ops::quantized_matmul`] with the transpose.
 #[track_caller]
 pub fn qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q: crate::ops::QuantSpec) -> Result<Array> {
     ctx("qmm_rows", sys::qmm_rows(x.handle(), w.handle(), scales.handle(), biases.map(Array::handle), q.group_size, q.bits, q.mode.name()))

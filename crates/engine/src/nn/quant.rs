@@ -165,17 +165,18 @@ impl Quantized {
         })
     }
 
-    /// Whether the product of x (..., in) by this weight takes [`mlx::fast::qmm_rows`]: 2-7 rows
-    /// (MLX's CUDA backend multiplies them one row at a time; from 8 its tiled product is faster than
-    /// ours) of a weight of at least 2^24 elements, with `MLX_GEN_QMM_KERNEL=1`. Measured on the H200
-    /// (BENCHMARKS.md, 4-bit): ours 1.5-2.8x faster than MLX's on the device at 2-5 rows of 16384 x
-    /// 3072 and 3072 x 8192, but its call costs the host about 7 us more than MLX's, which a small
-    /// weight's saving (2.6 us at 2 rows of 3072 x 3072) does not repay.
+    /// Whether the product of x (..., in) by this weight takes [`mlx::fast::qmm_rows`]: 1-7 rows
+    /// (MLX's CUDA backend multiplies them one row at a time with a matrix-vector kernel that reads
+    /// the weight at a fraction of the memory bandwidth; from 8 rows its tiled product takes over) of
+    /// a weight of at least 2^24 elements, with `MLX_GEN_QMM_KERNEL=1`. Our call costs the host
+    /// about 7 us more than MLX's (measured on the H200), which a small weight's saving does not
+    /// repay.
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
         // The switch first: off (the default) it costs a decode step's products nothing.
-        few_rows_kernel() && (2..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && {
+        let Some(min_elements) = few_rows_kernel() else { return false };
+        (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && {
             let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
-            elements >= 1 << 24
+            elements >= min_elements
         }
     }
 
@@ -217,9 +218,9 @@ impl Quantized {
     /// (B, 1, in) as (B, in): MLX's CUDA backend takes a batch decode step's (B, 1, in) as B
     /// products of one row, timed on the H100 (`gpu_suite.sh qmm`, 3072 x 3072, 4-bit) at 135 us
     /// for 32 rows against 60 us as one product of 32 rows. A single sequence's (1, L, in) is the
-    /// same product either way. A few rows of a large weight (a batch step, a verification) take
-    /// [`mlx::fast::qmm_rows`] on a CUDA GPU ([`Quantized::few_rows_pays`]), except in a single
-    /// sequence's prompt prefill, which keeps MLX's kernels as mlx-lm.
+    /// same product either way. A few rows of a large weight (a decode step, a batch step, a
+    /// verification) take [`mlx::fast::qmm_rows`] on a CUDA GPU ([`Quantized::few_rows_pays`]),
+    /// except in a single sequence's prompt prefill, which keeps MLX's kernels as mlx-lm.
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
         if self.weight.ndim() != 2 || x.ndim() == 0 {
             return self.matmul(x, true);
@@ -236,13 +237,17 @@ impl Quantized {
     }
 }
 
-/// Whether [`mlx::fast::qmm_rows`] may take products of a few rows (it itself runs only on a CUDA
-/// GPU and falls back to MLX's product elsewhere): `MLX_GEN_QMM_KERNEL=1`. Off by default: the
-/// device time it saves did not show in the engine's figures (BENCHMARKS.md, 2026-12-06 third
-/// session: a Llama-3.2-3B batch step of 2 rows 0.86x, of 4 rows 1.1x).
-fn few_rows_kernel() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_KERNEL").is_ok_and(|v| v == "1"))
+/// The smallest weight (in elements) whose products of a few rows [`mlx::fast::qmm_rows`] takes
+/// (it itself runs only on a CUDA GPU and falls back to MLX's product elsewhere), or none:
+/// `MLX_GEN_QMM_KERNEL=1` for weights of 2^24 elements or more, `=all` for every weight. Off by
+/// default until measured in the engine (BENCHMARKS.md).
+fn few_rows_kernel() -> Option<i64> {
+    static ON: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("MLX_GEN_QMM_KERNEL").as_deref() {
+        Ok("1") => Some(1 << 24),
+        Ok("all") => Some(0),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
