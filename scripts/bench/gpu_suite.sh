@@ -48,6 +48,9 @@
 #                       (QV_ROUNDS, default "1 2 3"; QV_SHAPES)
 #   gpu_suite.sh qmvside  with MLX_GEN_QMM_KERNEL=${QV:-1}: side by side with mlx-lm (QV_SHAPES, 3 rounds, same MLX
 #                       settings), greedy tokens against mlx-lm's (fidelity), the batch step at 1-8 rows
+#   gpu_suite.sh auto   the few-row kernel's default (the model decides: every weight where its decode step is the
+#                       device's, else weights of 2^24+ elements) against MLX_GEN_QMM_KERNEL=0, decode at prompt 512,
+#                       Qwen2.5-7B and Llama-3.2-3B shapes (AUTO_SHAPES), alternating (AUTO_ROUNDS, default "1 2")
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
@@ -425,6 +428,15 @@ qmmk)
     done
   done
   ;;
+auto)
+  for r in ${AUTO_ROUNDS:-1 2}; do
+    for s in ${AUTO_SHAPES:-qwen2.5-7b llama-3.2-3b}; do
+      d=$(shape_dir $s)
+      echo "== round $r $s default: $(./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+      echo "== round $r $s MLX_GEN_QMM_KERNEL=0: $(MLX_GEN_QMM_KERNEL=0 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+    done
+  done
+  ;;
 qmv)
   ./batch_step_cost --qmm 1 2 4 8
   for r in ${QV_ROUNDS:-1 2 3}; do
@@ -474,6 +486,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

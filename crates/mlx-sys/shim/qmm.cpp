@@ -247,3 +247,7 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     *out = wrap(outs[0]);
   });
 }
+
+int mlxs_qmm_rows_available(void) {
+  return shim::kernel_backend() == 1 ? 1 : 0;
+}

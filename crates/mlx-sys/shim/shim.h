@@ -132,6 +132,8 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
    k and v (B, Hkv, S, D) read through their strides, mask (null, or boolean keep / additive, broadcastable
    to (B, Hq, L, S)), causal = 1: key s seen by position l iff s <= S - L + l. Available (1) where the
    default device is a CUDA GPU and the inputs suit it; an error otherwise. */
+/* 1 where mlxs_qmm_rows runs its kernel for products that suit it (the default device is a CUDA GPU), else 0. */
+int mlxs_qmm_rows_available(void);
 int mlxs_sdpa_few_available(const mlxs_array q, const mlxs_array k, const mlxs_array v);
 int mlxs_sdpa_few(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,
                   const mlxs_array mask, int causal);

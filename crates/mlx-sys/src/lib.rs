@@ -295,6 +295,11 @@ pub fn qmm_rows(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>
     make(|o| unsafe { ffi::mlxs_qmm_rows(o, x.raw(), w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr()) })
 }
 
+/// Whether [`qmm_rows`] runs its kernel here (the default device is a CUDA GPU).
+pub fn qmm_rows_available() -> bool {
+    unsafe { ffi::mlxs_qmm_rows_available() == 1 }
+}
+
 /// Whether [`sdpa_few`] runs for these inputs (a CUDA GPU, inputs it takes).
 pub fn sdpa_few_available(q: &Handle, k: &Handle, v: &Handle) -> bool {
     unsafe { ffi::mlxs_sdpa_few_available(q.raw(), k.raw(), v.raw()) == 1 }

@@ -74,6 +74,12 @@ pub fn qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q:
         .map(Array::from_handle)
 }
 
+/// Whether [`qmm_rows`] runs its kernel here (the default device is a CUDA GPU) for the products
+/// it takes; elsewhere it is MLX's product.
+pub fn qmm_rows_available() -> bool {
+    sys::qmm_rows_available()
+}
+
 /// Whether [`sdpa_few`] runs for q (B, Hq, L, D), k, v (B, Hkv, S, D): a CUDA GPU, 16- or 32-bit
 /// floats, head dims a multiple of 32 up to 256.
 pub fn sdpa_few_available(q: &Array, k: &Array, v: &Array) -> bool {

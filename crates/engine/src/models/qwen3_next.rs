@@ -259,6 +259,12 @@ impl Arch for Hybrid {
         self.can_shard
     }
 
+    /// The gated-delta layers queue about twice an attention block's kernels: Qwen3.5-9B (4-bit,
+    /// 5 GB) decoded 11% slower with every weight through the few-row kernel (BENCHMARKS.md).
+    fn host_heavy_layers(&self) -> bool {
+        true
+    }
+
     /// qwen3_5.py's `shard` splits an untied head's vocabulary.
     fn shards_vocab(&self) -> bool {
         true

@@ -62,6 +62,12 @@ pub(crate) trait Arch: 'static {
     fn can_pipeline(&self) -> bool {
         true
     }
+    /// Whether a layer queues many more kernels than a plain attention block (a linear-attention
+    /// layer's recurrence and convolution), so that its decode step is the host's whatever the
+    /// size of its weights ([`Stack`]'s device-bound rule does not apply).
+    fn host_heavy_layers(&self) -> bool {
+        false
+    }
     /// The masks for `n` new positions; `first_layer` is the model index of `cache[0]`.
     fn masks(&self, n: i32, first_layer: usize, cache: &[Box<dyn KvCache>]) -> Result<Self::Masks>;
     /// Attention of model layer `layer` over its normed input x (B, L, hidden) -> (B, L, hidden).
@@ -122,7 +128,15 @@ pub(crate) struct Stack<T: Arch> {
     /// Tensor parallel with the head's vocabulary split ([`Arch::shards_vocab`]): the group its
     /// logits are gathered over.
     vocab_group: Option<Group>,
+    /// [`Stack::device_bound`], decided at the first forward pass (after any shard or stage).
+    device_bound: std::sync::OnceLock<bool>,
 }
+
+/// The dense weight bytes a layer from which a decode step is taken to be the device's: MLX's
+/// CUDA matrix-vector product reads about 1 byte a nanosecond (H100, H200), so a layer of 96 MiB
+/// takes it about 100 us, what the host takes to build and queue a layer (BENCHMARKS.md).
+/// Qwen2.5-7B (4-bit) has 131 MB a layer, Llama-3.2-3B 56 MB.
+const DEVICE_BOUND_LAYER_BYTES: usize = 96 << 20;
 
 /// The sizes the skeleton's own tensors need.
 pub(crate) struct StackDims {
@@ -161,6 +175,20 @@ impl<T: Arch> Stack<T> {
             norm: RmsNorm::load(&vb.pp("norm"), d.hidden, d.rms_norm_eps)?,
             lm_head,
             vocab_group: None,
+            device_bound: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Whether this model's decode step is the device's rather than the host's: its layers hold on
+    /// average at least [`DEVICE_BOUND_LAYER_BYTES`] of dense weights (stacked experts, of which a
+    /// token reads a few, do not count) and none queues many more kernels than an attention block
+    /// ([`Arch::host_heavy_layers`]). Then the quantized products of every weight take our few-row
+    /// kernel ([`crate::nn::with_device_bound_decode`]), whose device time is about half
+    /// MLX's, where its extra host cost a call is hidden.
+    fn device_bound(&self) -> bool {
+        *self.device_bound.get_or_init(|| {
+            let dense: usize = self.layers.iter().flat_map(|l| l.arrays()).filter(|a| a.ndim() <= 2).map(mlx::Array::nbytes).sum();
+            !self.arch.host_heavy_layers() && !self.layers.is_empty() && dense / self.layers.len() >= DEVICE_BOUND_LAYER_BYTES
         })
     }
 }
@@ -223,6 +251,13 @@ impl<T: Arch> Model for Stack<T> {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        crate::nn::with_device_bound_decode(self.device_bound(), || self.forward_layers(tokens, cache))
+    }
+}
+
+impl<T: Arch> Stack<T> {
+    /// [`Model::forward`]'s body.
+    fn forward_layers(&self, tokens: &Array, cache: &mut [Box<dyn KvCache>]) -> Result<Array> {
         check_caches(cache, self.layers.len())?;
         let mut h = self.embed_tokens.forward(tokens)?; // (B, L, hidden)
         let masks = self.arch.masks(tokens.dim(1), self.first_layer, cache)?;

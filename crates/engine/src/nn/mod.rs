@@ -31,5 +31,5 @@ pub fn fused_projections() -> bool {
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::RmsNorm;
-pub use quant::QuantConfig;
+pub use quant::{with_device_bound_decode, QuantConfig};
 pub use rope::{Rope, RopeScaling};

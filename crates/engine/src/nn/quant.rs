@@ -168,11 +168,9 @@ impl Quantized {
     /// Whether the product of x (..., in) by this weight takes [`mlx::fast::qmm_rows`]: 1-7 rows
     /// (MLX's CUDA backend multiplies them one row at a time with a matrix-vector kernel that reads
     /// the weight at a fraction of the memory bandwidth; from 8 rows its tiled product takes over) of
-    /// a weight of at least 2^24 elements, with `MLX_GEN_QMM_KERNEL=1`. Our call costs the host
-    /// about 7 us more than MLX's (measured on the H200), which a small weight's saving does not
-    /// repay.
+    /// a weight large enough on a CUDA GPU ([`with_device_bound_decode`] tells which).
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
-        // The switch first: off (the default) it costs a decode step's products nothing.
+        // The switch first: off (not a CUDA GPU) it costs a decode step's products nothing.
         let Some(min_elements) = few_rows_kernel() else { return false };
         (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && {
             let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
@@ -237,17 +235,60 @@ impl Quantized {
     }
 }
 
-/// The smallest weight (in elements) whose products of a few rows [`mlx::fast::qmm_rows`] takes
-/// (it itself runs only on a CUDA GPU and falls back to MLX's product elsewhere), or none:
-/// `MLX_GEN_QMM_KERNEL=1` for weights of 2^24 elements or more, `=all` for every weight. Off by
-/// default until measured in the engine (BENCHMARKS.md).
-fn few_rows_kernel() -> Option<i64> {
-    static ON: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("MLX_GEN_QMM_KERNEL").as_deref() {
-        Ok("1") => Some(1 << 24),
-        Ok("all") => Some(0),
-        _ => None,
+/// Where [`mlx::fast::qmm_rows`]'s kernel runs: `MLX_GEN_QMM_KERNEL=0` nowhere, `=1` products of
+/// weights of 2^24+ elements, `=all` every weight; unset, the model decides
+/// ([`with_device_bound_decode`]). Never where the kernel does not run (not a CUDA GPU).
+#[derive(Clone, Copy)]
+enum Switch {
+    Off,
+    Auto,
+    Min(i64),
+}
+
+fn switch() -> Switch {
+    static ON: std::sync::OnceLock<Switch> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        if !mlx::fast::qmm_rows_available() {
+            return Switch::Off;
+        }
+        match std::env::var("MLX_GEN_QMM_KERNEL").as_deref() {
+            Ok("0") => Switch::Off,
+            Ok("1") => Switch::Min(LARGE_WEIGHT),
+            Ok("all") => Switch::Min(0),
+            _ => Switch::Auto,
+        }
     })
+}
+
+/// Weights of this many elements or more take the few-row kernel in every model: their products
+/// save more device time than the call's extra host cost (about 7 us more than MLX's product).
+const LARGE_WEIGHT: i64 = 1 << 24;
+
+thread_local! {
+    /// Inside [`with_device_bound_decode`] with `true`.
+    static DEVICE_BOUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (a model's forward pass) with every weight's products of a few rows through the
+/// few-row kernel where `device_bound` (the model's decode step is the device's, so the kernel's
+/// host cost is hidden), else only those of weights of 2^24+ elements. Measured on the H100
+/// (BENCHMARKS.md, 2026-12-06 fourth session, decode at prompt 512, 3 rounds): Qwen2.5-7B 1.12-1.48x
+/// faster with the large weights through it, 1.5-1.66x with every weight; Llama-3.2-3B 1.01-1.07x
+/// with the large weights but slower with every weight; Qwen3-0.6B unchanged.
+pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) -> T {
+    let before = DEVICE_BOUND.with(|c| c.replace(device_bound));
+    let out = f();
+    DEVICE_BOUND.with(|c| c.set(before));
+    out
+}
+
+/// The smallest weight (in elements) whose products of a few rows take the kernel, or none.
+fn few_rows_kernel() -> Option<i64> {
+    match switch() {
+        Switch::Off => None,
+        Switch::Min(m) => Some(m),
+        Switch::Auto => Some(if DEVICE_BOUND.with(std::cell::Cell::get) { 0 } else { LARGE_WEIGHT }),
+    }
 }
 
 #[cfg(test)]
