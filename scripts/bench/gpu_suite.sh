@@ -51,6 +51,9 @@
 #   gpu_suite.sh auto   the few-row kernel's default (the model decides: every weight where its decode step is the
 #                       device's, else weights of 2^24+ elements) against MLX_GEN_QMM_KERNEL=0, decode at prompt 512,
 #                       Qwen2.5-7B and Llama-3.2-3B shapes (AUTO_SHAPES), alternating (AUTO_ROUNDS, default "1 2")
+#   gpu_suite.sh gather our gathered product for a few tokens (MLX_GEN_GATHER_KERNEL=1) against MLX's gather_qmm on
+#                       Mixtral-8x7B's experts (batch_step_cost --gather: error, time), then decode on the Mixtral-8x7B
+#                       shape (SHAPE) with and without it, alternating (GATHER_ROUNDS, default "1 2"); KEEP=1 keeps it
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
@@ -428,6 +431,18 @@ qmmk)
     done
   done
   ;;
+gather)
+  ./batch_step_cost --gather 1 2 4
+  s=${SHAPE:-mixtral-8x7b}
+  d=$models/$s-4bit-bfloat16
+  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null
+  for r in ${GATHER_ROUNDS:-1 2}; do
+    for g in 0 1; do
+      echo "== round $r $s MLX_GEN_GATHER_KERNEL=$g: $(MLX_GEN_GATHER_KERNEL=$g ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+    done
+  done
+  [ -n "${KEEP:-}" ] || rm -rf "$d"
+  ;;
 auto)
   for r in ${AUTO_ROUNDS:-1 2}; do
     for s in ${AUTO_SHAPES:-qwen2.5-7b llama-3.2-3b}; do
@@ -486,6 +501,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

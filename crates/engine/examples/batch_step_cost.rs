@@ -15,6 +15,12 @@
 //! relative to MLX's largest output, microseconds a product of each (100 products queued at once,
 //! median of 6 such batches) and the weight bytes read a second at that pace.
 //!
+//! `batch_step_cost --gather [TOKENS...]`: the gathered product of a few tokens
+//! (`mlx::fast::gather_qmm_rows`, ours on a CUDA GPU) against MLX's `gather_qmm`, Mixtral-8x7B's
+//! experts (8 of 14336 x 4096, 4-bit g64 bfloat16), 2 experts a token: the up projection (a row a
+//! token) and the down one (a row a slot), the largest difference relative to MLX's largest output
+//! and microseconds a product.
+//!
 //! `batch_step_cost --attn`: the few-position attention kernel (`mlx::fast::sdpa_few`, ours on a CUDA
 //! GPU) against MLX's `scaled_dot_product_attention`: a 32-row decode step over left-padded keys
 //! (boolean and additive masks), a verification's 5 and 9 causal positions, head dims 64 and 128,
@@ -103,6 +109,36 @@ fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--gather`: ours against MLX's gathered product, for each token count.
+fn gather_case(tokens: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
+    use mlx::ops::QuantSpec;
+    use mlx::{Array, Dtype};
+    let spec = QuantSpec::affine(64, 4);
+    let (experts, k) = (8, 2);
+    for (n, kin, per_slot) in [(14336, 4096, false), (4096, 14336, true)] {
+        let w = mlx::random::uniform(&[experts, n, kin], Dtype::F32)?.astype(Dtype::BF16)?;
+        let (wq, s, b) = mlx::ops::quantize(&w, spec)?;
+        mlx::eval(&[&wq, &s])?;
+        for &t in tokens {
+            let rows = if per_slot { t * k } else { t };
+            let x = mlx::random::uniform(&[rows, kin], Dtype::F32)?.astype(Dtype::BF16)?;
+            let idx = Array::from_slice(&(0..t * k).map(|i| ((i * 3 + i / k) % experts) as u32).collect::<Vec<_>>(), &[t, k])?;
+            mlx::eval(&[&x, &idx])?;
+            let ours = |x: &Array| mlx::fast::gather_qmm_rows(x, &wq, &s, b.as_ref(), &idx, spec);
+            // MLX's, as mlx-lm's SwitchLinear calls it: x (T, 1, 1, in) or (T, k, 1, in).
+            let theirs = |x: &Array| -> mlx::Result<Array> {
+                let xs = if per_slot { x.reshape(&[t, k, 1, kin])? } else { x.reshape(&[t, 1, 1, kin])? };
+                mlx::ops::gather_qmm(&xs, &wq, &s, b.as_ref(), Some(&idx), true, spec, false)?.reshape(&[t, k, n])
+            };
+            let (a, r) = (ours(&x)?.astype(Dtype::F32)?, theirs(&x)?.astype(Dtype::F32)?);
+            let diff = a.sub(&r)?.abs()?.max(&[0, 1, 2], false)?.item::<f32>()? / r.abs()?.max(&[0, 1, 2], false)?.item::<f32>()?;
+            let (to, tt) = (us_per_call(50, || ours(&x))?, us_per_call(50, || theirs(&x))?);
+            println!("gather {n}x{kin} tokens {t} x {k} experts: ours {to:7.1} us, MLX {tt:7.1} us ({:.2}x), max diff {diff:.2e} of MLX's max", tt / to);
+        }
+    }
+    Ok(())
+}
+
 /// `--attn`: ours against MLX's attention.
 fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
     use mlx::fast::Mask;
@@ -137,10 +173,14 @@ fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | --qmm [ROWS...] | --attn")?;
+    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | --qmm [ROWS...] | --gather [TOKENS...] | --attn")?;
     let rest: Vec<String> = args.collect();
     if dir == "--attn" {
         return attn_case();
+    }
+    if dir == "--gather" {
+        let tokens: Vec<i32> = rest.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+        return gather_case(if tokens.is_empty() { &[1, 2, 4] } else { &tokens });
     }
     if dir == "--qmm" {
         let rows: Vec<i32> = rest.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;

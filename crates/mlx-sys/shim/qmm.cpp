@@ -26,9 +26,35 @@ using shim::arr;
 using shim::guard;
 using shim::wrap;
 
+// The plain product's shapes: x (M, K), w (N, K * BITS / 32).
+const char* kRowsPrologue = R"(
+  const int M = x_shape[0];
+  const int K = x_shape[1];
+  const int N = w_shape[0];
+)";
+
+// The gathered product's (mlx-lm's SwitchLinear for a few tokens): one slot (token, chosen expert)
+// a block row, blockIdx.y; indices (T, k) name each slot's expert, w (E, N, K * BITS / 32) stacks
+// the experts, x holds a row a slot (T * k rows) or a row a token (T rows, shared by its k slots);
+// out (T, k, N). The pointers are moved to the slot's expert, x row and output row.
+const char* kGatherPrologue = R"(
+  const int slots = indices_shape[0] * indices_shape[1];
+  const int slot = blockIdx.y;
+  const int M = 1;
+  const int K = x_shape[1];
+  const int N = w_shape[1];
+  const long long e = indices[slot];
+  const int xrow = x_shape[0] == slots ? slot : slot / indices_shape[1];
+  w += e * N * (K / (32 / BITS));
+  scales += e * N * (K / GS);
+  biases += e * N * (K / GS);
+  x += (long long)xrow * K;
+  out += (long long)slot * N;
+)";
+
 // Template arguments: T (x, scales, biases, out), BITS (4 or 8), GS (group size), MMAX (rows the
-// accumulators hold, M <= MMAX), R (output columns a block), THREADS (a block's threads). M, K from
-// x's shape, N from w's. Weights and x are read in packs where their data start on a pack's size
+// accumulators hold, M <= MMAX), R (output columns a block), THREADS (a block's threads); M, K, N
+// from a prologue above. Weights and x are read in packs where their data start on a pack's size
 // (then every row does: K is a multiple of a pack's values), else word by word.
 const char* kCudaBody = R"(
   constexpr int VPW = 32 / BITS;      // values a 32-bit word
@@ -38,9 +64,6 @@ const char* kCudaBody = R"(
   constexpr int WARPS = THREADS / 32;
   struct alignas(sizeof(T) * VPW) XPack { T v[VPW]; };
   __shared__ float red[WARPS][R][MMAX];
-  const int M = x_shape[0];
-  const int K = x_shape[1];
-  const int N = w_shape[0];
   const int U = K / VPU;
   const int KG = K / GS;
   const int n0 = blockIdx.x * R;
@@ -192,33 +215,59 @@ const mx::fast::CustomKernelFunction& qmm_kernel() {
   static std::once_flag once;
   static const mx::fast::CustomKernelFunction* kernel = nullptr;
   std::call_once(once, [] {
-    std::string name = shim::kernel_name("mlxgen_qmm_rows", kCudaBody);
-    kernel = new mx::fast::CustomKernelFunction(
-        mx::fast::cuda_kernel(name, {"x", "w", "scales", "biases"}, {"out"}, kCudaBody));
+    const std::string source = std::string(kRowsPrologue) + kCudaBody;
+    kernel = new mx::fast::CustomKernelFunction(mx::fast::cuda_kernel(
+        shim::kernel_name("mlxgen_qmm_rows", source), {"x", "w", "scales", "biases"}, {"out"}, source));
   });
   return *kernel;
 }
 
-// Whether the kernel takes this product: the CUDA backend, 2-D x of 1-8 rows in a 16-bit float
-// type, affine 4- or 8-bit weights (out, in) with scales and biases of x's type and a group size
-// of 32, 64 or 128 dividing K.
-bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
-           const std::string& mode) {
+const mx::fast::CustomKernelFunction& gather_kernel() {
+  static std::once_flag once;
+  static const mx::fast::CustomKernelFunction* kernel = nullptr;
+  std::call_once(once, [] {
+    const std::string source = std::string(kGatherPrologue) + kCudaBody;
+    kernel = new mx::fast::CustomKernelFunction(mx::fast::cuda_kernel(
+        shim::kernel_name("mlxgen_gather_qmm_rows", source), {"x", "w", "scales", "biases", "indices"}, {"out"},
+        source));
+  });
+  return *kernel;
+}
+
+// The quantization and dtypes both kernels take: affine 4- or 8-bit weights in groups of 32, 64 or
+// 128 dividing K, scales and biases of x's type, x a 16-bit float, on a CUDA GPU.
+bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int gs, int bits, const std::string& mode) {
   if (mode != "affine" || b == nullptr || (bits != 4 && bits != 8) || (gs != 32 && gs != 64 && gs != 128)) {
-    return false;
-  }
-  if (x.ndim() != 2 || w.ndim() != 2 || s.ndim() != 2 || b->ndim() != 2 || w.dtype() != mx::uint32) {
-    return false;
-  }
-  const int m = x.shape(0), k = x.shape(1), n = w.shape(0);
-  if (m < 1 || m > 8 || k % gs != 0 || w.shape(1) * (32 / bits) != k) {
     return false;
   }
   if (x.dtype() != mx::bfloat16 && x.dtype() != mx::float16) {
     return false;
   }
-  return s.dtype() == x.dtype() && b->dtype() == x.dtype() && s.shape(0) == n && s.shape(1) == k / gs &&
+  return x.ndim() == 2 && x.shape(1) % gs == 0 && s.dtype() == x.dtype() && b->dtype() == x.dtype() &&
          b->shape() == s.shape() && shim::kernel_backend() == 1;
+}
+
+// Whether the kernel takes this product: 2-D x of 1-8 rows, weights (out, in) (and suits_quant).
+bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
+           const std::string& mode) {
+  if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 2 || s.ndim() != 2 || w.dtype() != mx::uint32) {
+    return false;
+  }
+  const int m = x.shape(0), k = x.shape(1), n = w.shape(0);
+  return m >= 1 && m <= 8 && w.shape(1) * (32 / bits) == k && s.shape(0) == n && s.shape(1) == k / gs;
+}
+
+// Whether the gathered kernel takes this product: x (T or T * k, K), stacked weights (E, out, in),
+// indices (T, k) of uint32 (and suits_quant).
+bool suits_gather(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b,
+                  const mx::array& idx, int gs, int bits, const std::string& mode) {
+  if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 3 || s.ndim() != 3 || w.dtype() != mx::uint32 ||
+      idx.ndim() != 2 || idx.dtype() != mx::uint32) {
+    return false;
+  }
+  const int k = x.shape(1), slots = idx.shape(0) * idx.shape(1);
+  return (x.shape(0) == idx.shape(0) || x.shape(0) == slots) && slots >= 1 && w.shape(2) * (32 / bits) == k &&
+         s.shape(0) == w.shape(0) && s.shape(1) == w.shape(1) && s.shape(2) == k / gs;
 }
 
 }  // namespace
@@ -244,6 +293,41 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
         {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", mmax}, {"R", kCols}, {"THREADS", kThreads}};
     auto outs = qmm_kernel()({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {blocks * kThreads, 1, 1},
                              {kThreads, 1, 1}, targs, std::nullopt, false, {});
+    *out = wrap(outs[0]);
+  });
+}
+
+int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                         const mlxs_array biases, const mlxs_array indices, int group_size, int bits,
+                         const char* mode) {
+  return guard([&] {
+    const auto &xa = arr(x), &wa = arr(w), &sa = arr(scales), &ia = arr(indices);
+    const mx::array* ba = biases == nullptr ? nullptr : &arr(biases);
+    const std::string md = mode == nullptr ? "affine" : mode;
+    if (xa.ndim() != 2 || ia.ndim() != 2 || wa.ndim() != 3) {
+      throw std::invalid_argument("gather_qmm_rows takes x (rows, in), stacked weights (experts, out, in) and indices (tokens, k)");
+    }
+    const int t = ia.shape(0), k = ia.shape(1), n = wa.shape(1);
+    if (xa.shape(0) != t && xa.shape(0) != t * k) {
+      throw std::invalid_argument("gather_qmm_rows: x needs a row a token or a row a (token, expert) slot");
+    }
+    if (!suits_gather(xa, wa, sa, ba, ia, group_size, bits, md)) {
+      // MLX's gathered product: x as (T, 1, 1, in) or (T, k, 1, in) against the (T, k) indices.
+      const mx::array xs = xa.shape(0) == t * k && k > 1 ? mx::reshape(xa, {t, k, 1, xa.shape(1)})
+                                                         : mx::reshape(xa, {t, 1, 1, xa.shape(1)});
+      std::optional<mx::array> bopt;
+      if (ba != nullptr) {
+        bopt = *ba;
+      }
+      const mx::array y = mx::gather_qmm(xs, wa, sa, bopt, std::nullopt, ia, true, group_size, bits, md, std::nullopt, false);
+      *out = wrap(mx::reshape(y, {t, k, n}));
+      return;
+    }
+    const int blocks = (n + kCols - 1) / kCols;
+    std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
+        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", 1}, {"R", kCols}, {"THREADS", kThreads}};
+    auto outs = gather_kernel()({xa, wa, sa, *ba, ia}, {{t, k, n}}, {xa.dtype()}, {blocks * kThreads, t * k, 1},
+                                {kThreads, 1, 1}, targs, std::nullopt, false, {});
     *out = wrap(outs[0]);
   });
 }

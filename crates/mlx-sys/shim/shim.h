@@ -132,6 +132,12 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
    k and v (B, Hkv, S, D) read through their strides, mask (null, or boolean keep / additive, broadcastable
    to (B, Hq, L, S)), causal = 1: key s seen by position l iff s <= S - L + l. Available (1) where the
    default device is a CUDA GPU and the inputs suit it; an error otherwise. */
+/* mlx-lm's SwitchLinear for a few tokens: out (T, k, N), slot (t, j) = x's row for it @ dequantize(w[indices[t, j]])ᵀ,
+   x (T or T * k, K), w (E, N, K * bits / 32), indices (T, k) uint32; as one CUDA kernel (qmm.cpp) where mlxs_qmm_rows'
+   kernel would run, else MLX's gather_qmm. */
+int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                         const mlxs_array biases, const mlxs_array indices, int group_size, int bits,
+                         const char* mode);
 /* 1 where mlxs_qmm_rows runs its kernel for products that suit it (the default device is a CUDA GPU), else 0. */
 int mlxs_qmm_rows_available(void);
 int mlxs_sdpa_few_available(const mlxs_array q, const mlxs_array k, const mlxs_array v);

@@ -107,6 +107,17 @@ extern "C" {
         bits: c_int,
         mode: *const c_char,
     ) -> c_int;
+    pub fn mlxs_gather_qmm_rows(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        indices: mlxs_array,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
     pub fn mlxs_qmm_rows_available() -> c_int;
     pub fn mlxs_sdpa_few_available(q: mlxs_array, k: mlxs_array, v: mlxs_array) -> c_int;
     pub fn mlxs_sdpa_few(out: *mut mlxs_array, q: mlxs_array, k: mlxs_array, v: mlxs_array, scale: f32, mask: mlxs_array, causal: c_int) -> c_int;

@@ -295,6 +295,23 @@ pub fn qmm_rows(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>
     make(|o| unsafe { ffi::mlxs_qmm_rows(o, x.raw(), w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr()) })
 }
 
+/// The gathered product of a few tokens, as one CUDA kernel where it applies (else MLX's
+/// gather_qmm): x (T or T * k, K), stacked w (E, N, ...), indices (T, k) -> (T, k, N).
+#[allow(clippy::too_many_arguments)]
+pub fn gather_qmm_rows(
+    x: &Handle,
+    w: &Handle,
+    scales: &Handle,
+    biases: Option<&Handle>,
+    indices: &Handle,
+    group_size: i32,
+    bits: i32,
+    mode: &str,
+) -> Result<Handle> {
+    let mode = cstring(mode)?;
+    make(|o| unsafe { ffi::mlxs_gather_qmm_rows(o, x.raw(), w.raw(), scales.raw(), opt(biases), indices.raw(), group_size, bits, mode.as_ptr()) })
+}
+
 /// Whether [`qmm_rows`] runs its kernel here (the default device is a CUDA GPU).
 pub fn qmm_rows_available() -> bool {
     unsafe { ffi::mlxs_qmm_rows_available() == 1 }

@@ -74,6 +74,20 @@ pub fn qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q:
         .map(Array::from_handle)
 }
 
+/// mlx-lm's `SwitchLinear` for a few tokens: (T, k, N) where slot (t, j) is x's row for it times
+/// `dequantize(w[indices[t, j]])ᵀ`; x (T, K) (a token's row for each of its k experts) or
+/// (T * k, K) (a row a slot), w the experts stacked (E, N, K packed), indices (T, k) uint32. On a
+/// CUDA GPU, where [`qmm_rows`]'s kernel takes the weights, one kernel of the same design (a
+/// block row a slot, each reading only its expert's weight); elsewhere MLX's `gather_qmm`.
+#[track_caller]
+pub fn gather_qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, indices: &Array, q: crate::ops::QuantSpec) -> Result<Array> {
+    ctx(
+        "gather_qmm_rows",
+        sys::gather_qmm_rows(x.handle(), w.handle(), scales.handle(), biases.map(Array::handle), indices.handle(), q.group_size, q.bits, q.mode.name()),
+    )
+    .map(Array::from_handle)
+}
+
 /// Whether [`qmm_rows`] runs its kernel here (the default device is a CUDA GPU) for the products
 /// it takes; elsewhere it is MLX's product.
 pub fn qmm_rows_available() -> bool {

@@ -105,6 +105,41 @@ fn qmm_rows_is_the_transposed_quantized_product_where_its_kernel_does_not_run() 
 }
 
 #[test]
+fn gather_qmm_rows_multiplies_each_slot_by_its_expert() {
+    // 3 experts of (4, 64) in 4 bits; 2 tokens choosing experts [2, 0] and [1, 2]. Slot (t, j) is
+    // x's row for it times expert indices[t][j]'s dequantized weight, transposed: x with a row a
+    // token (shared by its slots) and with a row a slot; checked against each slot's product.
+    let q = ops::QuantSpec::affine(32, 4);
+    let w = Array::from_slice(&(0..768).map(|i| ((i * 7) % 16) as f32 - 7.5).collect::<Vec<_>>(), &[3, 4, 64]).unwrap();
+    let (qw, s, b) = ops::quantize(&w, q).unwrap();
+    let deq = ops::dequantize(&qw, &s, b.as_ref(), q).unwrap(); // (3, 4, 64)
+    let idx = Array::from_slice(&[2u32, 0, 1, 2], &[2, 2]).unwrap();
+    let experts = [[2, 0], [1, 2]];
+    for rows in [2, 4] {
+        let x = Array::from_slice(&(0..rows * 64).map(|i| ((i % 64) as f32 - 20.0) * (1 + i / 64) as f32 / 64.0).collect::<Vec<_>>(), &[rows, 64]).unwrap();
+        let got = fast::gather_qmm_rows(&x, &qw, &s, b.as_ref(), &idx, q).unwrap();
+        assert_eq!(got.shape(), vec![2, 2, 4]);
+        let got = got.to_vec::<f32>().unwrap();
+        for (t, chosen) in experts.iter().enumerate() {
+            for (j, &e) in chosen.iter().enumerate() {
+                let xr = if rows == 2 { t } else { t * 2 + j } as i32;
+                let xrow = x.slice_axis(0, xr, xr + 1).unwrap();
+                let we = deq.slice_axis(0, e, e + 1).unwrap().squeeze(&[0]).unwrap();
+                let want = xrow.matmul(&we.t().unwrap()).unwrap().to_vec::<f32>().unwrap();
+                for (n, w) in want.iter().enumerate() {
+                    let g = got[(t * 2 + j) * 4 + n];
+                    assert!((g - w).abs() <= 1e-3 * w.abs().max(1.0), "slot ({t}, {j}) column {n}: {g} against {w}");
+                }
+            }
+        }
+    }
+    // x with neither a row a token nor a row a slot is an error naming what it needs.
+    let x3 = Array::from_slice(&[0.0f32; 192], &[3, 64]).unwrap();
+    let err = fast::gather_qmm_rows(&x3, &qw, &s, b.as_ref(), &idx, q).unwrap_err().to_string();
+    assert!(err.contains("a row a token or a row a (token, expert) slot"), "{err}");
+}
+
+#[test]
 fn sdpa_few_is_refused_where_its_kernel_does_not_run() {
     // The CPU has no custom kernels: unavailable, and a call is an error naming what it needs (the
     // engine asks `sdpa_few_available` first and composes the attention otherwise).

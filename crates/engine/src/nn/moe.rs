@@ -145,9 +145,14 @@ impl SwitchGlu {
 
     /// [`SwitchGlu::forward`] with the activation `act(up, gate)` (a `SwitchGLU(activation=...)`).
     pub fn forward_with(&self, x: &Array, indices: &Array, act: impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
-        let x = x.expand_dims(&[-2, -3])?; // (B, L, 1, 1, dims)
         // With many tokens, sort them by expert so each expert's weights are read in order.
         let do_sort = indices.size() >= 64;
+        if !do_sort {
+            if let Some((up, gate, down)) = self.gathered_experts() {
+                return Self::forward_gathered((up, gate, down), x, indices, &act);
+            }
+        }
+        let x = x.expand_dims(&[-2, -3])?; // (B, L, 1, 1, dims)
         let (x, idx, inv_order) = if do_sort {
             // _gather_sort
             let m = indices.dim(-1);
@@ -174,6 +179,41 @@ impl SwitchGlu {
             None => y,
         };
         Ok(y.squeeze(&[-2])?)
+    }
+}
+
+impl SwitchGlu {
+    /// The up, gate and down experts where all three take [`mlx::fast::gather_qmm_rows`]'s kernel
+    /// ([`Quantized::gathered_rows_pay`]).
+    fn gathered_experts(&self) -> Option<(&Quantized, &Quantized, &Quantized)> {
+        match (&self.up_proj.0, &self.gate_proj.0, &self.down_proj.0) {
+            (SwitchKind::Quant(up), SwitchKind::Quant(gate), SwitchKind::Quant(down))
+                if up.gathered_rows_pay() && gate.gathered_rows_pay() && down.gathered_rows_pay() =>
+            {
+                Some((up, gate, down))
+            }
+            _ => None,
+        }
+    }
+
+    /// [`SwitchGlu::forward_with`] for a few tokens through [`mlx::fast::gather_qmm_rows`]: one
+    /// kernel a projection, each slot (token, chosen expert) reading only its expert's weight.
+    fn forward_gathered(
+        (up, gate, down): (&Quantized, &Quantized, &Quantized),
+        x: &Array,
+        indices: &Array,
+        act: &impl Fn(&Array, &Array) -> Result<Array>,
+    ) -> Result<Array> {
+        let k = indices.dim(-1);
+        let t = (indices.size() / k.max(1) as usize) as i32;
+        let x2 = x.reshape(&[t, x.dim(-1)])?; // (T, dims)
+        let idx = indices.reshape(&[t, k])?.astype(Dtype::U32)?; // (T, k)
+        let rows = |q: &Quantized, x: &Array| mlx::fast::gather_qmm_rows(x, &q.weight, &q.scales, q.biases.as_ref(), &idx, q.spec);
+        let h = act(&rows(up, &x2)?, &rows(gate, &x2)?)?; // (T, k, hidden)
+        let y = rows(down, &h.reshape(&[t * k, h.dim(-1)])?)?; // (T, k, dims)
+        let mut shape = indices.shape();
+        shape.push(y.dim(-1));
+        Ok(y.reshape(&shape)?) // (B, L, k, dims)
     }
 }
 
@@ -540,5 +580,29 @@ mod tests {
         assert!(Gate::check(8, &Routing::softmax_top_k(9)).is_err());
         assert!(Gate::check(8, &Routing { groups: Some((3, 1, GroupScore::Max)), ..Routing::softmax_top_k(2) }).is_err());
         assert!(Gate::check(8, &Routing { groups: Some((4, 2, GroupScore::TopTwoSum)), ..Routing::softmax_top_k(2) }).is_ok());
+    }
+
+    #[test]
+    fn gathered_path_equals_mlx_gathered_product() {
+        // 4 experts of SwiGLU (dims 64, hidden 32) in 4 bits; 3 tokens choosing 2 experts each.
+        // The few-token path through gather_qmm_rows (MLX's gathered product where its kernel does
+        // not run, as here) gives forward_with's MLX path exactly.
+        let q = mlx::ops::QuantSpec::affine(32, 4);
+        let expert = |out: i32, inp: i32, salt: usize| {
+            let n = (4 * out * inp) as usize;
+            let w = Array::from_slice(&(0..n).map(|i| (((i * 7 + salt) % 13) as f32 - 6.0) / 8.0).collect::<Vec<_>>(), &[4, out, inp]).unwrap();
+            let (weight, scales, biases) = mlx::ops::quantize(&w, q).unwrap();
+            SwitchLinear(SwitchKind::Quant(Quantized { weight, scales, biases, spec: q }))
+        };
+        let glu = SwitchGlu { gate_proj: expert(32, 64, 1), up_proj: expert(32, 64, 2), down_proj: expert(64, 32, 3) };
+        let x = Array::from_slice(&(0..192).map(|i| ((i % 17) as f32 - 8.0) / 16.0).collect::<Vec<_>>(), &[1, 3, 64]).unwrap();
+        let idx = Array::from_slice(&[0u32, 3, 2, 1, 3, 2], &[1, 3, 2]).unwrap();
+        let want = glu.forward(&x, &idx).unwrap();
+        let SwitchGlu { gate_proj: SwitchLinear(SwitchKind::Quant(g)), up_proj: SwitchLinear(SwitchKind::Quant(u)), down_proj: SwitchLinear(SwitchKind::Quant(d)) } = &glu else {
+            unreachable!("quantized experts")
+        };
+        let got = SwitchGlu::forward_gathered((u, g, d), &x, &idx, &|up, gate| Ok(mlx::fast::swiglu(gate, up)?)).unwrap();
+        assert_eq!(got.shape(), vec![1, 3, 2, 64]);
+        assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
     }
 }

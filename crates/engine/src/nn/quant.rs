@@ -178,6 +178,19 @@ impl Quantized {
         }
     }
 
+    /// Whether this layer's stacked experts (E, out, in) take [`mlx::fast::gather_qmm_rows`]'s
+    /// kernel for a few tokens: `MLX_GEN_GATHER_KERNEL=1` on a CUDA GPU, experts of 2^24+ elements
+    /// (Mixtral's 14336 x 4096; not Qwen3-30B-A3B's 768 x 2048, whose step is the host's). Off by
+    /// default until measured against MLX's gathered product on the device.
+    pub fn gathered_rows_pay(&self) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_GATHER_KERNEL").is_ok_and(|v| v == "1") && mlx::fast::qmm_rows_available());
+        on && self.weight.ndim() == 3 && {
+            let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
+            elements >= LARGE_WEIGHT
+        }
+    }
+
     pub fn arrays(&self) -> Vec<&mlx::Array> {
         [&self.weight, &self.scales].into_iter().chain(self.biases.as_ref()).collect()
     }
