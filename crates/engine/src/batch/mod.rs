@@ -13,8 +13,8 @@
 //! as mlx-lm's server does. A sequence
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
-//! the CPU while the device runs it (one host sync per step, as without constraints), each
-//! constrained row on its own thread. With [`Speculation`] set, a sequence decoding alone runs
+//! the CPU while the device runs it (one host sync per step, as without constraints), one row after
+//! another while they are cheap, on threads past that ([`commit_and_mask`]). With [`Speculation`] set, a sequence decoding alone runs
 //! speculative rounds instead (see `solo.rs`).
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};

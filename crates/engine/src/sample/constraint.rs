@@ -76,11 +76,17 @@ pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
     Ok(ops::where_(&mask, logits, &neg_inf)?)
 }
 
+/// How long [`commit_and_mask`] goes through rows one after another before it hands the rest to
+/// threads. llguidance's mask over Qwen2.5's 151,936 ids inside a JSON string takes about 15 us a
+/// row (`mask_host_cost`), far less than starting a thread: 8 rows took 123-290 us a step one after
+/// another and 830-2,150 us on a thread each (2 loaded cores; BENCHMARKS.md, 2026-12-06 fourth
+/// session). A grammar whose masks are slow still gets threads for all but its first rows.
+const SERIAL_BUDGET: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// Commits each row's chosen token to its constraint and computes the row's next mask (packed, see
-/// [`pack_bits`]): `rows` pairs
-/// each constraint (none for a free row) with its token. Rows run on their own threads when more
-/// than one is constrained (each mask is a walk of its own grammar over the whole vocabulary, and a
-/// batch step waits for the slowest), in the order given otherwise.
+/// [`pack_bits`]): `rows` pairs each constraint (none for a free row) with its token. Rows are
+/// taken in order until 200 us (`SERIAL_BUDGET`) have passed; then, if two or more are left, each of those
+/// runs on its own thread (a batch step waits for the slowest mask).
 pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, vocab: usize) -> Result<Vec<Option<Vec<u32>>>> {
     let step = |c: Option<&mut Box<dyn TokenConstraint>>, token: u32| -> Result<Option<Vec<u32>>> {
         match c {
@@ -91,15 +97,28 @@ pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, 
             None => Ok(None),
         }
     };
-    if rows.iter().filter(|(c, _)| c.is_some()).count() < 2 {
-        return rows.into_iter().map(|(c, t)| step(c, t)).collect();
+    let start = std::time::Instant::now();
+    let mut out = Vec::with_capacity(rows.len());
+    let mut rows = rows.into_iter();
+    for (c, t) in rows.by_ref() {
+        out.push(step(c, t)?);
+        if start.elapsed() >= SERIAL_BUDGET {
+            break;
+        }
+    }
+    let rest: Vec<_> = rows.collect();
+    if rest.iter().filter(|(c, _)| c.is_some()).count() < 2 {
+        for (c, t) in rest {
+            out.push(step(c, t)?);
+        }
+        return Ok(out);
     }
     std::thread::scope(|scope| {
-        let handles: Vec<_> = rows.into_iter().map(|(c, t)| scope.spawn(move || step(c, t))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(EngineError::Invalid("a constraint's mask computation panicked".into()))))
-            .collect()
+        let handles: Vec<_> = rest.into_iter().map(|(c, t)| scope.spawn(move || step(c, t))).collect();
+        for h in handles {
+            out.push(h.join().unwrap_or_else(|_| Err(EngineError::Invalid("a constraint's mask computation panicked".into())))?);
+        }
+        Ok(out)
     })
 }
 
@@ -149,11 +168,13 @@ mod tests {
         apply_mask_bits(logits, &allowed.chunks(vocab as usize).flat_map(pack_bits).collect::<Vec<_>>())
     }
 
-    /// Allows the tokens that differ from the last committed one; refuses token 99.
-    struct NotAgain(Option<u32>);
+    /// Allows the tokens that differ from the last committed one; refuses token 99. Each mask takes
+    /// at least the given time.
+    struct NotAgain(Option<u32>, std::time::Duration);
 
     impl TokenConstraint for NotAgain {
         fn allowed(&mut self, vocab: usize) -> Result<Vec<bool>> {
+            std::thread::sleep(self.1);
             Ok((0..vocab as u32).map(|t| Some(t) != self.0).collect())
         }
         fn commit(&mut self, token: u32) -> Result<()> {
@@ -172,24 +193,29 @@ mod tests {
     }
 
     #[test]
-    fn rows_are_committed_and_masked_in_order_on_threads() {
-        let mut cs: Vec<Box<dyn TokenConstraint>> = (0..6).map(|_| Box::new(NotAgain(None)) as Box<dyn TokenConstraint>).collect();
-        let mut it = cs.iter_mut();
-        // Rows: constrained, free, constrained x 5 (threads), each with its own token.
-        let mut rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)> = vec![(it.next(), 0), (None, 1)];
-        rows.extend(it.enumerate().map(|(i, c)| (Some(c), i as u32 + 2)));
-        let masks = commit_and_mask(rows, 8).expect("masks");
-        assert_eq!(masks.len(), 7);
-        assert!(masks[1].is_none());
-        for (row, token) in [(0usize, 0usize), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)] {
-            let m = unpack_bits(masks[row].as_ref().expect("a constrained row's mask"), 8);
-            assert!(!m[token] && m.iter().filter(|&&a| a).count() == 7, "row {row}: {m:?}");
+    fn rows_are_committed_and_masked_in_order_one_after_another_or_on_threads() {
+        // Cheap masks run one after another; masks of 150 us each spend the serial budget after
+        // two rows, and the last five run on threads: the same masks, in the rows' order.
+        for cost in [0u64, 150] {
+            let cost = std::time::Duration::from_micros(cost);
+            let mut cs: Vec<Box<dyn TokenConstraint>> = (0..6).map(|_| Box::new(NotAgain(None, cost)) as Box<dyn TokenConstraint>).collect();
+            let mut it = cs.iter_mut();
+            // Rows: constrained, free, constrained x 5, each with its own token.
+            let mut rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)> = vec![(it.next(), 0), (None, 1)];
+            rows.extend(it.enumerate().map(|(i, c)| (Some(c), i as u32 + 2)));
+            let masks = commit_and_mask(rows, 8).expect("masks");
+            assert_eq!(masks.len(), 7);
+            assert!(masks[1].is_none());
+            for (row, token) in [(0usize, 0usize), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)] {
+                let m = unpack_bits(masks[row].as_ref().expect("a constrained row's mask"), 8);
+                assert!(!m[token] && m.iter().filter(|&&a| a).count() == 7, "{cost:?}, row {row}: {m:?}");
+            }
+            // A row's error is the call's error, one after another or on threads.
+            let mut r: Vec<Box<dyn TokenConstraint>> = (0..4).map(|_| Box::new(NotAgain(None, cost)) as Box<dyn TokenConstraint>).collect();
+            assert!(commit_and_mask(vec![(Some(&mut r[0]), 99)], 8).is_err());
+            let rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)> = r.iter_mut().zip([1, 2, 3, 99]).map(|(c, t)| (Some(c), t)).collect();
+            assert!(commit_and_mask(rows, 8).is_err(), "{cost:?}");
         }
-        // A row's error is the call's error, on one thread or several.
-        let mut a: Box<dyn TokenConstraint> = Box::new(NotAgain(None));
-        let mut b: Box<dyn TokenConstraint> = Box::new(NotAgain(None));
-        assert!(commit_and_mask(vec![(Some(&mut a), 99)], 8).is_err());
-        assert!(commit_and_mask(vec![(Some(&mut a), 1), (Some(&mut b), 99)], 8).is_err());
     }
 
     #[test]
