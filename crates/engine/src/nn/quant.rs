@@ -286,7 +286,7 @@ thread_local! {
 /// few-row kernel where `device_bound` (the model's decode step is the device's, so the kernel's
 /// host cost is hidden), else only those of weights of 2^24+ elements. Measured on the H100
 /// (BENCHMARKS.md, 2026-12-06 fourth session, decode at prompt 512, 3 rounds): Qwen2.5-7B 1.12-1.48x
-/// faster with the large weights through it, 1.5-1.66x with every weight; Llama-3.2-3B 1.01-1.07x
+/// faster with the large weights through it, 1.44-1.66x with every weight; Llama-3.2-3B 1.01-1.07x
 /// with the large weights but slower with every weight; Qwen3-0.6B unchanged.
 pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) -> T {
     let before = DEVICE_BOUND.with(|c| c.replace(device_bound));
