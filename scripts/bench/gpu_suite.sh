@@ -54,6 +54,8 @@
 #   gpu_suite.sh gather our gathered product for a few tokens (MLX_GEN_GATHER_KERNEL=1) against MLX's gather_qmm on
 #                       Mixtral-8x7B's experts (batch_step_cost --gather: error, time), then decode on the Mixtral-8x7B
 #                       shape (SHAPE) with and without it, alternating (GATHER_ROUNDS, default "1 2"); KEEP=1 keeps it
+#   gpu_suite.sh qmvcols  the few-row product with 1, 2, 4 (default) and 8 output columns a block (MLX_GEN_QMM_COLS:
+#                       registers against x's reuse), batch_step_cost --qmm 1 2 4 8 each
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
@@ -431,6 +433,9 @@ qmmk)
     done
   done
   ;;
+qmvcols)
+  for c in 4 2 8 1; do echo "== MLX_GEN_QMM_COLS=$c"; MLX_GEN_QMM_COLS=$c ./batch_step_cost --qmm 1 2 4 8; done
+  ;;
 gather)
   ./batch_step_cost --gather 1 2 4
   s=${SHAPE:-mixtral-8x7b}
@@ -501,6 +506,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -19,6 +19,7 @@
 // Other backends, dtypes, bit widths, modes or row counts take MLX's quantized_matmul.
 #include "internal.h"
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -212,7 +213,20 @@ const char* kCudaBody = R"(
 )";
 
 constexpr int kThreads = 128;
-constexpr int kCols = 4;
+// Output columns a block (R): 4, or MLX_GEN_QMM_COLS = 1, 2, 4 or 8 to measure the trade between a
+// thread's registers (ptxas, bf16 4-bit: 72 at one row and R = 4, 124 at 4 rows, 200 at 8; 48, 79
+// and 146 with R = 2), which bound the blocks an SM holds, and x's reuse across the block's rows.
+int cols() {
+  static const int c = [] {
+    const char* v = std::getenv("MLX_GEN_QMM_COLS");
+    const int n = v == nullptr ? 4 : std::atoi(v);
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : -1;
+  }();
+  if (c < 0) {
+    throw std::invalid_argument("MLX_GEN_QMM_COLS must be 1, 2, 4 or 8");
+  }
+  return c;
+}
 
 const mx::fast::CustomKernelFunction& qmm_kernel() {
   static std::once_flag once;
@@ -291,9 +305,9 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     }
     const int m = xa.shape(0), n = wa.shape(0);
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
-    const int blocks = (n + kCols - 1) / kCols;
+    const int r = cols(), blocks = (n + r - 1) / r;
     std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
-        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", mmax}, {"R", kCols}, {"THREADS", kThreads}};
+        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", mmax}, {"R", r}, {"THREADS", kThreads}};
     auto outs = qmm_kernel()({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {blocks * kThreads, 1, 1},
                              {kThreads, 1, 1}, targs, std::nullopt, false, {});
     *out = wrap(outs[0]);
@@ -326,9 +340,9 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
       *out = wrap(mx::reshape(y, {t, k, n}));
       return;
     }
-    const int blocks = (n + kCols - 1) / kCols;
+    const int r = cols(), blocks = (n + r - 1) / r;
     std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
-        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", 1}, {"R", kCols}, {"THREADS", kThreads}};
+        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", 1}, {"R", r}, {"THREADS", kThreads}};
     auto outs = gather_kernel()({xa, wa, sa, *ba, ia}, {{t, k, n}}, {xa.dtype()}, {blocks * kThreads, t * k, 1},
                                 {kThreads, 1, 1}, targs, std::nullopt, false, {});
     *out = wrap(outs[0]);
