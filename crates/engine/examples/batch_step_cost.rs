@@ -79,6 +79,12 @@ fn us_per_call(calls: usize, f: impl Fn() -> mlx::Result<mlx::Array>) -> Result<
     Ok(t[3])
 }
 
+/// The largest |ours - theirs| over the largest |theirs| (float32 arrays of one shape).
+fn rel_max_diff(ours: &mlx::Array, theirs: &mlx::Array) -> mlx::Result<f32> {
+    let all = |a: mlx::Array| -> mlx::Result<f32> { a.reshape(&[-1])?.max(&[0], false)?.item::<f32>() };
+    Ok(all(ours.sub(theirs)?.abs()?)? / all(theirs.abs()?)?)
+}
+
 /// `--qmm`: ours against MLX's for each weight shape and row count.
 fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
     use mlx::ops::QuantSpec;
@@ -94,7 +100,7 @@ fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
             let ours = |x: &Array| mlx::fast::qmm_rows(x, &wq, &s, b.as_ref(), spec);
             let theirs = |x: &Array| mlx::ops::quantized_matmul(x, &wq, &s, b.as_ref(), true, spec);
             let (a, r) = (ours(&x)?.astype(Dtype::F32)?, theirs(&x)?.astype(Dtype::F32)?);
-            let diff = a.sub(&r)?.abs()?.max(&[0, 1], false)?.item::<f32>()? / r.abs()?.max(&[0, 1], false)?.item::<f32>()?;
+            let diff = rel_max_diff(&a, &r)?;
             let (to, tt) = (us_per_call(100, || ours(&x))?, us_per_call(100, || theirs(&x))?);
             // 4-bit values, a bfloat16 scale and bias a group of 64.
             let gb = |us: f64| f64::from(n) * f64::from(k) * (0.5 + 4.0 / 64.0) / us / 1e3;
@@ -131,7 +137,7 @@ fn gather_case(tokens: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
                 mlx::ops::gather_qmm(&xs, &wq, &s, b.as_ref(), Some(&idx), true, spec, false)?.reshape(&[t, k, n])
             };
             let (a, r) = (ours(&x)?.astype(Dtype::F32)?, theirs(&x)?.astype(Dtype::F32)?);
-            let diff = a.sub(&r)?.abs()?.max(&[0, 1, 2], false)?.item::<f32>()? / r.abs()?.max(&[0, 1, 2], false)?.item::<f32>()?;
+            let diff = rel_max_diff(&a, &r)?;
             let (to, tt) = (us_per_call(50, || ours(&x))?, us_per_call(50, || theirs(&x))?);
             println!("gather {n}x{kin} tokens {t} x {k} experts: ours {to:7.1} us, MLX {tt:7.1} us ({:.2}x), max diff {diff:.2e} of MLX's max", tt / to);
         }
@@ -164,7 +170,7 @@ fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
         let scale = 1.0 / (d as f32).sqrt();
         let ours = mlx::fast::sdpa_few(&q, &k, &v, scale, mask)?.astype(Dtype::F32)?;
         let theirs = mlx::fast::sdpa(&q, &k, &v, scale, mask)?.astype(Dtype::F32)?;
-        let diff = ours.sub(&theirs)?.abs()?.max(&[0, 1, 2, 3], false)?.item::<f32>()? / theirs.abs()?.max(&[0, 1, 2, 3], false)?.item::<f32>()?;
+        let diff = rel_max_diff(&ours, &theirs)?;
         let t = us_per_call(50, || mlx::fast::sdpa_few(&q, &k, &v, scale, mask))?;
         println!("attn B {b} Hq {hq} Hkv {hkv} L {l} S {s} D {d} {kind}: ours {t:.1} us, max diff {diff:.2e} of MLX's max");
     }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -49,6 +50,11 @@ inline const mx::array& arr(const mlxs_array a) {
     throw std::invalid_argument("null array handle");
   }
   return a->a;
+}
+
+// A nullable handle as an optional array (null: none).
+inline std::optional<mx::array> opt(const mlxs_array a) {
+  return a == nullptr ? std::nullopt : std::optional<mx::array>(a->a);
 }
 
 inline mlxs_array wrap(mx::array a) {

@@ -20,7 +20,6 @@
 #include "internal.h"
 
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -28,6 +27,7 @@ namespace {
 
 using shim::arr;
 using shim::guard;
+using shim::opt;
 using shim::wrap;
 
 // The plain product's shapes: x (M, K), w (N, K * BITS / 32).
@@ -228,26 +228,23 @@ int cols() {
   return c;
 }
 
+// The kernel of `prologue` (kRowsPrologue or kGatherPrologue) and the shared body, built on first
+// use and never destroyed.
+const mx::fast::CustomKernelFunction* build_kernel(const char* base, const char* prologue,
+                                                   const std::vector<std::string>& inputs) {
+  const std::string source = std::string(prologue) + kCudaBody;
+  return new mx::fast::CustomKernelFunction(
+      mx::fast::cuda_kernel(shim::kernel_name(base, source), inputs, {"out"}, source));
+}
+
 const mx::fast::CustomKernelFunction& qmm_kernel() {
-  static std::once_flag once;
-  static const mx::fast::CustomKernelFunction* kernel = nullptr;
-  std::call_once(once, [] {
-    const std::string source = std::string(kRowsPrologue) + kCudaBody;
-    kernel = new mx::fast::CustomKernelFunction(mx::fast::cuda_kernel(
-        shim::kernel_name("mlxgen_qmm_rows", source), {"x", "w", "scales", "biases"}, {"out"}, source));
-  });
+  static const auto* kernel = build_kernel("mlxgen_qmm_rows", kRowsPrologue, {"x", "w", "scales", "biases"});
   return *kernel;
 }
 
 const mx::fast::CustomKernelFunction& gather_kernel() {
-  static std::once_flag once;
-  static const mx::fast::CustomKernelFunction* kernel = nullptr;
-  std::call_once(once, [] {
-    const std::string source = std::string(kGatherPrologue) + kCudaBody;
-    kernel = new mx::fast::CustomKernelFunction(mx::fast::cuda_kernel(
-        shim::kernel_name("mlxgen_gather_qmm_rows", source), {"x", "w", "scales", "biases", "indices"}, {"out"},
-        source));
-  });
+  static const auto* kernel =
+      build_kernel("mlxgen_gather_qmm_rows", kGatherPrologue, {"x", "w", "scales", "biases", "indices"});
   return *kernel;
 }
 
@@ -296,11 +293,7 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     const mx::array* ba = biases == nullptr ? nullptr : &arr(biases);
     const std::string md = mode == nullptr ? "affine" : mode;
     if (!suits(xa, wa, sa, ba, group_size, bits, md)) {
-      std::optional<mx::array> bopt;
-      if (ba != nullptr) {
-        bopt = *ba;
-      }
-      *out = wrap(mx::quantized_matmul(xa, wa, sa, bopt, true, group_size, bits, md));
+      *out = wrap(mx::quantized_matmul(xa, wa, sa, opt(biases), true, group_size, bits, md));
       return;
     }
     const int m = xa.shape(0), n = wa.shape(0);
@@ -332,11 +325,8 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
       // MLX's gathered product: x as (T, 1, 1, in) or (T, k, 1, in) against the (T, k) indices.
       const mx::array xs = xa.shape(0) == t * k && k > 1 ? mx::reshape(xa, {t, k, 1, xa.shape(1)})
                                                          : mx::reshape(xa, {t, 1, 1, xa.shape(1)});
-      std::optional<mx::array> bopt;
-      if (ba != nullptr) {
-        bopt = *ba;
-      }
-      const mx::array y = mx::gather_qmm(xs, wa, sa, bopt, std::nullopt, ia, true, group_size, bits, md, std::nullopt, false);
+      const mx::array y =
+          mx::gather_qmm(xs, wa, sa, opt(biases), std::nullopt, ia, true, group_size, bits, md, std::nullopt, false);
       *out = wrap(mx::reshape(y, {t, k, n}));
       return;
     }

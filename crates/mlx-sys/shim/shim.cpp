@@ -26,6 +26,7 @@ namespace {
 
 using shim::arr;
 using shim::guard;
+using shim::opt;
 using shim::wrap;
 
 thread_local std::string g_error;
@@ -42,10 +43,6 @@ mx::Dtype dtype_of(int code) {
 }
 
 int code_of(mx::Dtype d) { return static_cast<int>(d.val()); }
-
-std::optional<mx::array> opt(const mlxs_array a) {
-  return a == nullptr ? std::nullopt : std::optional<mx::array>(a->a);
-}
 
 mx::Shape shape_of(const int32_t* s, int n) { return mx::Shape(s, s + n); }
 

@@ -172,10 +172,12 @@ impl Quantized {
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
         // The switch first: off (not a CUDA GPU) it costs a decode step's products nothing.
         let Some(min_elements) = few_rows_kernel() else { return false };
-        (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && {
-            let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
-            elements >= min_elements
-        }
+        (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && self.matrix_elements() >= min_elements
+    }
+
+    /// The values of one (out, in) matrix (an expert's, when stacked).
+    fn matrix_elements(&self) -> i64 {
+        i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits)
     }
 
     /// Whether this layer's stacked experts (E, out, in) take [`mlx::fast::gather_qmm_rows`]'s
@@ -185,10 +187,7 @@ impl Quantized {
     pub fn gathered_rows_pay(&self) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let on = *ON.get_or_init(|| std::env::var("MLX_GEN_GATHER_KERNEL").is_ok_and(|v| v == "1") && mlx::fast::qmm_rows_available());
-        on && self.weight.ndim() == 3 && {
-            let elements = i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits);
-            elements >= LARGE_WEIGHT
-        }
+        on && self.weight.ndim() == 3 && self.matrix_elements() >= LARGE_WEIGHT
     }
 
     pub fn arrays(&self) -> Vec<&mlx::Array> {
