@@ -57,6 +57,7 @@ fn main() {
         .file("shim/norm.cpp")
         .file("shim/qmm.cpp")
         .file("shim/attention.cpp")
+        .file("shim/jit.cpp")
         .flag(format!("-isystem{}", include.display()))
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(true)

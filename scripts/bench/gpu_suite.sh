@@ -54,6 +54,9 @@
 #   gpu_suite.sh gather our gathered product for a few tokens (MLX_GEN_GATHER_KERNEL=1) against MLX's gather_qmm on
 #                       Mixtral-8x7B's experts (batch_step_cost --gather: error, time), then decode on the Mixtral-8x7B
 #                       shape (SHAPE) with and without it, alternating (GATHER_ROUNDS, default "1 2"); KEEP=1 keeps it
+#   gpu_suite.sh jit    the few-row kernels compiled once (jit.cpp) against ./mlx-gen-old (MLX's cuda_kernel, the
+#                       previous binary): products' error and time, decode alternating (JIT_ROUNDS, JIT_SHAPES),
+#                       default and every weight, then each binary's host split (MLX_GEN_TRACE)
 #   gpu_suite.sh qmvcols  the few-row product with 1, 2, 4 (default) and 8 output columns a block (MLX_GEN_QMM_COLS:
 #                       registers against x's reuse), batch_step_cost --qmm 1 2 4 8 each
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
@@ -433,6 +436,29 @@ qmmk)
     done
   done
   ;;
+jit)
+  # The few-row kernels compiled once and launched through MLX's precompiled_cuda_kernel (jit.cpp) against the
+  # previous binary, ./mlx-gen-old (MLX's cuda_kernel: the source text written again each call): the products'
+  # error and time, then decode (prompt 512, 256 tokens) with the default and with every weight through the
+  # kernel, binaries alternating (JIT_ROUNDS, default "1 2 3"; JIT_SHAPES), then each binary's host split.
+  ./batch_step_cost --qmm 1 2 4
+  for r in ${JIT_ROUNDS:-1 2 3}; do
+    for s in ${JIT_SHAPES:-llama-3.2-3b qwen3-0.6b qwen2.5-7b}; do
+      d=$(shape_dir $s)
+      for k in default all; do
+        kv=(); [ "$k" = default ] || kv=(MLX_GEN_QMM_KERNEL=$k)
+        for b in mlx-gen mlx-gen-old; do
+          echo "== round $r $s $b $k: $(env "${kv[@]}" ./$b bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+        done
+      done
+    done
+  done
+  for s in ${JIT_SHAPES:-llama-3.2-3b qwen3-0.6b qwen2.5-7b}; do
+    for b in mlx-gen mlx-gen-old; do
+      echo "== $s $b host split: $(MLX_GEN_TRACE=1 ./$b bench --model "$(shape_dir $s)" -p 128 -g 256 -n 1 2>&1 | grep '^trace:' | tail -1)"
+    done
+  done
+  ;;
 qmvcols)
   for c in 4 2 8 1; do echo "== MLX_GEN_QMM_COLS=$c"; MLX_GEN_QMM_COLS=$c ./batch_step_cost --qmm 1 2 4 8; done
   ;;
@@ -506,6 +532,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -8,7 +8,7 @@ mkdir -p /tmp/mlxparts /tmp/w/.gpubin /tmp/q /tmp/tok
 case $n in
 1) cp "$0" /tmp/w/lease-call.sh
    cp .gpu/a/* /tmp/mlxparts/ || exit 1
-   for b in mlx-gen batch_step_cost; do gunzip -c ".gpu/bin/$b.gz" > "/tmp/w/.gpubin/$b" && chmod +x "/tmp/w/.gpubin/$b"; done
+   for f in .gpu/bin/*.gz; do b=$(basename "$f" .gz); gunzip -c "$f" > "/tmp/w/.gpubin/$b" && chmod +x "/tmp/w/.gpubin/$b"; done
    cp .gpu/q0/* /tmp/q/; nvidia-smi --query-gpu=name,memory.used --format=csv; exit 0 ;;
 2) whl=/tmp/mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl
    cat /tmp/mlxparts/cuda.part.aa .gpu/b/cuda.part.ab > "$whl" || exit 1

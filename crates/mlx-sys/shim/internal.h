@@ -1,6 +1,6 @@
 // What the shim's files share: the owned-array handle, the exception guard that reports through
 // mlxs_last_error() (distributed.cpp keeps errors of its own), handle conversion, and what custom
-// GPU kernels need (recurrent.cpp, norm.cpp, qmm.cpp, attention.cpp).
+// GPU kernels need (recurrent.cpp, norm.cpp, qmm.cpp, attention.cpp, jit.cpp).
 #pragma once
 
 #include "shim.h"
@@ -12,12 +12,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 namespace mx = mlx::core;
 
@@ -106,5 +109,38 @@ class KernelsByFloat {
   std::mutex lock_;
   std::map<uint32_t, const mx::fast::CustomKernelFunction*> kernels_;
 };
+
+// A CUDA kernel of mlx-gen's own (jit.cpp): compiled with NVRTC at first use, then launched through
+// MLX's precompiled_cuda_kernel at the host cost of one of MLX's primitives. Its source defines
+// `extern "C" __global__ void KNAME(inputs..., outputs..., int dry, int scalars...)` with no header
+// (jit_prelude() gives the float types and their conversions, jit_type() their names) and returns
+// at once when dry is 1.
+class JitKernel {
+ public:
+  JitKernel(std::string name, std::string source) : name_(std::move(name)), source_(std::move(source)) {}
+  // Outputs of `shapes` / `dtypes`; `grid` in threads (MLX's convention), `block` a block's threads.
+  std::vector<mx::array> launch(const std::vector<mx::array>& inputs, const std::vector<mx::Shape>& shapes,
+                                const std::vector<mx::Dtype>& dtypes, const std::vector<int>& scalars,
+                                std::tuple<int, int, int> grid, std::tuple<int, int, int> block);
+
+ private:
+  std::mutex lock_;
+  std::string name_;
+  std::string source_;
+  bool loaded_ = false;
+};
+
+// The kernel of variant `key` (a C identifier), its source written by `source` on first use; never
+// destroyed.
+JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source);
+const char* jit_prelude();
+// The kernel type of an array of `dtype` (float32, bfloat16, float16, uint32, int32, bool).
+const char* jit_type(mx::Dtype dtype);
+// Whether JitKernels run here: a CUDA GPU by default and NVRTC in the process.
+bool jit_available();
+// (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
+// gathered products (qmm.cpp) and the gated-delta recurrence (recurrent.cpp).
+std::vector<std::pair<std::string, std::string>> qmm_sources();
+std::vector<std::pair<std::string, std::string>> gated_delta_sources();
 
 }  // namespace shim

@@ -30,25 +30,25 @@ using shim::guard;
 using shim::opt;
 using shim::wrap;
 
-// The plain product's shapes: x (M, K), w (N, K * BITS / 32).
-const char* kRowsPrologue = R"(
-  const int M = x_shape[0];
-  const int K = x_shape[1];
-  const int N = w_shape[0];
-)";
+// The plain product's parameters: x (M, K), w (N, K * BITS / 32), out (M, N).
+const char* kRowsParams =
+    "const T* x, const u32* w, const T* scales, const T* biases, T* out, int dry, int M, int K, int N";
+const char* kRowsPrologue = "";
 
 // The gathered product's (mlx-lm's SwitchLinear for a few tokens): one slot (token, chosen expert)
-// a block row, blockIdx.y; indices (T, k) name each slot's expert, w (E, N, K * BITS / 32) stacks
-// the experts, x holds a row a slot (T * k rows) or a row a token (T rows, shared by its k slots);
-// out (T, k, N). The pointers are moved to the slot's expert, x row and output row.
+// a block row, blockIdx.y (gridDim.y slots); indices (T, topk) name each slot's expert, w (E, N,
+// K * BITS / 32) stacks the experts, x holds a row a slot (xrows = T * topk) or a row a token
+// (xrows = T, shared by its topk slots); out (T, topk, N). The pointers are moved to the slot's
+// expert, x row and output row.
+const char* kGatherParams =
+    "const T* x, const u32* w, const T* scales, const T* biases, const u32* indices, T* out, int dry, "
+    "int K, int N, int topk, int xrows";
 const char* kGatherPrologue = R"(
-  const int slots = indices_shape[0] * indices_shape[1];
+  const int slots = gridDim.y;
   const int slot = blockIdx.y;
   const int M = 1;
-  const int K = x_shape[1];
-  const int N = w_shape[1];
   const long long e = indices[slot];
-  const int xrow = x_shape[0] == slots ? slot : slot / indices_shape[1];
+  const int xrow = xrows == slots ? slot : slot / topk;
   w += e * N * (K / (32 / BITS));
   scales += e * N * (K / GS);
   biases += e * N * (K / GS);
@@ -56,9 +56,9 @@ const char* kGatherPrologue = R"(
   out += (long long)slot * N;
 )";
 
-// Template arguments: T (x, scales, biases, out), BITS (4 or 8), GS (group size), MMAX (rows the
-// accumulators hold, M <= MMAX), R (output columns a block), THREADS (a block's threads); M, K, N
-// from a prologue above. Weights and x are read in packs where their data start on a pack's size
+// Constants: T (x, scales, biases, out: bf16_t or f16_t), BITS (4 or 8), GS (group size), MMAX
+// (rows the accumulators hold, M <= MMAX), R (output columns a block), THREADS (a block's threads);
+// M, K, N from the parameters or a prologue above. Weights and x are read in packs where their data start on a pack's size
 // (then every row does: K is a multiple of a pack's values), else word by word.
 const char* kCudaBody = R"(
   constexpr int VPW = 32 / BITS;      // values a 32-bit word
@@ -83,7 +83,7 @@ const char* kCudaBody = R"(
     }
   }
   for (int u = tid; u < U; u += THREADS) {
-    uint32_t words[R][4];
+    u32 words[R][4];
     float s[R];
     float b[R];
     const int g = (u * VPU) / GS;
@@ -91,7 +91,7 @@ const char* kCudaBody = R"(
     for (int r = 0; r < R; ++r) {
       const int n = n0 + r;
       if (n < N) {
-        const uint32_t* wr = w + ((long long)n * U + u) * 4;
+        const u32* wr = w + ((long long)n * U + u) * 4;
         if (w_packed) {
           const uint4 p = *reinterpret_cast<const uint4*>(wr);
           words[r][0] = p.x;
@@ -104,8 +104,8 @@ const char* kCudaBody = R"(
             words[r][i] = wr[i];
           }
         }
-        s[r] = static_cast<float>(scales[(long long)n * KG + g]);
-        b[r] = static_cast<float>(biases[(long long)n * KG + g]);
+        s[r] = to_f(scales[(long long)n * KG + g]);
+        b[r] = to_f(biases[(long long)n * KG + g]);
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -136,12 +136,12 @@ const char* kCudaBody = R"(
             const XPack p = *reinterpret_cast<const XPack*>(xr);
 #pragma unroll
             for (int j = 0; j < VPW; ++j) {
-              xv[m][j] = static_cast<float>(p.v[j]);
+              xv[m][j] = to_f(p.v[j]);
             }
           } else {
 #pragma unroll
             for (int j = 0; j < VPW; ++j) {
-              xv[m][j] = static_cast<float>(xr[j]);
+              xv[m][j] = to_f(xr[j]);
             }
           }
 #pragma unroll
@@ -155,10 +155,10 @@ const char* kCudaBody = R"(
         float q[VPW];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t bits = h == 0 ? words[r][wi] : (words[r][wi] >> 16);
+          const u32 bits = h == 0 ? words[r][wi] : (words[r][wi] >> 16);
 #pragma unroll
           for (int j = 0; j < HALF; ++j) {
-            const uint32_t e = (uint32_t)(127 + 23 - BITS * j) << 23;
+            const u32 e = (u32)(127 + 23 - BITS * j) << 23;
             q[h * HALF + j] = __uint_as_float((bits & (QMASK << (BITS * j))) | e) - __uint_as_float(e);
           }
         }
@@ -207,7 +207,7 @@ const char* kCudaBody = R"(
       for (int i = 0; i < WARPS; ++i) {
         v += red[i][r][m];
       }
-      out[(long long)m * N + n0 + r] = static_cast<T>(v);
+      out[(long long)m * N + n0 + r] = from_f<T>(v);
     }
   }
 )";
@@ -228,24 +228,33 @@ int cols() {
   return c;
 }
 
-// The kernel of `prologue` (kRowsPrologue or kGatherPrologue) and the shared body, built on first
-// use and never destroyed.
-const mx::fast::CustomKernelFunction* build_kernel(const char* base, const char* prologue,
-                                                   const std::vector<std::string>& inputs) {
-  const std::string source = std::string(prologue) + kCudaBody;
-  return new mx::fast::CustomKernelFunction(
-      mx::fast::cuda_kernel(shim::kernel_name(base, source), inputs, {"out"}, source));
+// The source of the kernel variant of `params` and `prologue` (the plain or gathered product) for
+// x's kernel type `t` and these constants.
+std::string source(const char* params, const char* prologue, const char* t, int bits, int gs, int mmax, int r) {
+  char consts[160];
+  std::snprintf(consts, sizeof consts,
+                "  constexpr int BITS = %d;\n  constexpr int GS = %d;\n  constexpr int MMAX = %d;\n"
+                "  constexpr int R = %d;\n  constexpr int THREADS = %d;\n",
+                bits, gs, mmax, r, kThreads);
+  return std::string(shim::jit_prelude()) + "using T = " + t + ";\nextern \"C\" __global__ void __launch_bounds__(" +
+         std::to_string(kThreads) + ") KNAME(" + params + ") {\n  if (dry) {\n    return;\n  }\n" + consts + prologue +
+         kCudaBody + "}\n";
 }
 
-const mx::fast::CustomKernelFunction& qmm_kernel() {
-  static const auto* kernel = build_kernel("mlxgen_qmm_rows", kRowsPrologue, {"x", "w", "scales", "biases"});
-  return *kernel;
+std::string variant(const char* base, const char* t, int bits, int gs, int mmax, int r) {
+  char key[96];
+  std::snprintf(key, sizeof key, "%s_%s_b%d_g%d_m%d_r%d", base, t, bits, gs, mmax, r);
+  return key;
 }
 
-const mx::fast::CustomKernelFunction& gather_kernel() {
-  static const auto* kernel =
-      build_kernel("mlxgen_gather_qmm_rows", kGatherPrologue, {"x", "w", "scales", "biases", "indices"});
-  return *kernel;
+// The kernel variant, written and compiled on first use (jit.cpp).
+shim::JitKernel& kernel(bool gathered, mx::Dtype dtype, int bits, int gs, int mmax, int r) {
+  const char* t = shim::jit_type(dtype);
+  const char* base = gathered ? "mlxgen_gather_qmm_rows" : "mlxgen_qmm_rows";
+  return shim::jit_kernel(variant(base, t, bits, gs, mmax, r), [&] {
+    return gathered ? source(kGatherParams, kGatherPrologue, t, bits, gs, mmax, r)
+                    : source(kRowsParams, kRowsPrologue, t, bits, gs, mmax, r);
+  });
 }
 
 // The quantization and dtypes both kernels take: affine 4- or 8-bit weights in groups of 32, 64 or
@@ -258,7 +267,7 @@ bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int
     return false;
   }
   return x.ndim() == 2 && x.shape(1) % gs == 0 && s.dtype() == x.dtype() && b->dtype() == x.dtype() &&
-         b->shape() == s.shape() && shim::kernel_backend() == 1;
+         b->shape() == s.shape() && shim::jit_available();
 }
 
 // Whether the kernel takes this product: 2-D x of 1-8 rows, weights (out, in) (and suits_quant).
@@ -286,6 +295,25 @@ bool suits_gather(const mx::array& x, const mx::array& w, const mx::array& s, co
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const char* t : {"bf16_t", "f16_t"}) {
+    for (int bits : {4, 8}) {
+      for (int mmax : {1, 2, 4, 8}) {
+        out.emplace_back(variant("mlxgen_qmm_rows", t, bits, 64, mmax, 4),
+                         source(kRowsParams, kRowsPrologue, t, bits, 64, mmax, 4));
+      }
+      out.emplace_back(variant("mlxgen_gather_qmm_rows", t, bits, 32, 1, 4),
+                       source(kGatherParams, kGatherPrologue, t, bits, 32, 1, 4));
+    }
+  }
+  for (int r : {1, 2, 8}) {
+    out.emplace_back(variant("mlxgen_qmm_rows", "bf16_t", 4, 128, 2, r),
+                     source(kRowsParams, kRowsPrologue, "bf16_t", 4, 128, 2, r));
+  }
+  return out;
+}
+
 int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
                   const mlxs_array biases, int group_size, int bits, const char* mode) {
   return guard([&] {
@@ -296,13 +324,12 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
       *out = wrap(mx::quantized_matmul(xa, wa, sa, opt(biases), true, group_size, bits, md));
       return;
     }
-    const int m = xa.shape(0), n = wa.shape(0);
+    const int m = xa.shape(0), k = xa.shape(1), n = wa.shape(0);
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
     const int r = cols(), blocks = (n + r - 1) / r;
-    std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
-        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", mmax}, {"R", r}, {"THREADS", kThreads}};
-    auto outs = qmm_kernel()({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {blocks * kThreads, 1, 1},
-                             {kThreads, 1, 1}, targs, std::nullopt, false, {});
+    auto& kern = kernel(false, xa.dtype(), bits, group_size, mmax, r);
+    auto outs = kern.launch({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {m, k, n}, {blocks * kThreads, 1, 1},
+                            {kThreads, 1, 1});
     *out = wrap(outs[0]);
   });
 }
@@ -331,14 +358,13 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
       return;
     }
     const int r = cols(), blocks = (n + r - 1) / r;
-    std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
-        {"T", xa.dtype()}, {"BITS", bits}, {"GS", group_size}, {"MMAX", 1}, {"R", r}, {"THREADS", kThreads}};
-    auto outs = gather_kernel()({xa, wa, sa, *ba, ia}, {{t, k, n}}, {xa.dtype()}, {blocks * kThreads, t * k, 1},
-                                {kThreads, 1, 1}, targs, std::nullopt, false, {});
+    auto& kern = kernel(true, xa.dtype(), bits, group_size, 1, r);
+    auto outs = kern.launch({xa, wa, sa, *ba, ia}, {{t, k, n}}, {xa.dtype()}, {xa.shape(1), n, k, xa.shape(0)},
+                            {blocks * kThreads, t * k, 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);
   });
 }
 
 int mlxs_qmm_rows_available(void) {
-  return shim::kernel_backend() == 1 ? 1 : 0;
+  return shim::jit_available() ? 1 : 0;
 }

@@ -119,6 +119,7 @@ extern "C" {
         mode: *const c_char,
     ) -> c_int;
     pub fn mlxs_qmm_rows_available() -> c_int;
+    pub fn mlxs_jit_check(nvrtc_library: *const c_char, arch: *const c_char, compiled: *mut c_int) -> c_int;
     pub fn mlxs_sdpa_few_available(q: mlxs_array, k: mlxs_array, v: mlxs_array) -> c_int;
     pub fn mlxs_sdpa_few(out: *mut mlxs_array, q: mlxs_array, k: mlxs_array, v: mlxs_array, scale: f32, mask: mlxs_array, causal: c_int) -> c_int;
     pub fn mlxs_quantize(

@@ -317,6 +317,16 @@ pub fn qmm_rows_available() -> bool {
     unsafe { ffi::mlxs_qmm_rows_available() == 1 }
 }
 
+/// Compiles representative variants of the shim's own CUDA kernels with the NVRTC library at
+/// `nvrtc_library` for `sm_<arch>` (no GPU needed); how many compiled.
+pub fn jit_check(nvrtc_library: &str, arch: &str) -> Result<usize> {
+    let (lib, arch) = (cstring(nvrtc_library)?, cstring(arch)?);
+    let mut compiled: c_int = 0;
+    // SAFETY: two NUL-terminated strings and an out-pointer; the shim catches every exception.
+    check(unsafe { ffi::mlxs_jit_check(lib.as_ptr(), arch.as_ptr(), &mut compiled) })?;
+    Ok(usize::try_from(compiled).unwrap_or(0))
+}
+
 /// Whether [`sdpa_few`] runs for these inputs (a CUDA GPU, inputs it takes).
 pub fn sdpa_few_available(q: &Handle, k: &Handle, v: &Handle) -> bool {
     unsafe { ffi::mlxs_sdpa_few_available(q.raw(), k.raw(), v.raw()) == 1 }
