@@ -9,6 +9,7 @@
 #include <mlx/backend/metal/metal.h>
 #include <mlx/mlx.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -110,24 +111,31 @@ class KernelsByFloat {
   std::map<uint32_t, const mx::fast::CustomKernelFunction*> kernels_;
 };
 
-// A CUDA kernel of mlx-gen's own (jit.cpp): compiled with NVRTC at first use, then launched through
-// MLX's precompiled_cuda_kernel at the host cost of one of MLX's primitives. Its source defines
-// `extern "C" __global__ void KNAME(inputs..., outputs..., int dry, int scalars...)` with no header
-// (jit_prelude() gives the float types and their conversions, jit_type() their names) and returns
-// at once when dry is 1.
+// A CUDA kernel of mlx-gen's own (jit.cpp): compiled with NVRTC and loaded on first use, launched
+// by a primitive of ours at the host cost of one of MLX's primitives. Its source defines
+// `extern "C" __global__ void KNAME(inputs..., outputs..., int scalars..., int strides...)` with no
+// header (jit_prelude() gives the float types and their conversions, jit_type() their names).
 class JitKernel {
  public:
   JitKernel(std::string name, std::string source) : name_(std::move(name)), source_(std::move(source)) {}
-  // Outputs of `shapes` / `dtypes`; `grid` in threads (MLX's convention), `block` a block's threads.
+  // Outputs of `shapes` / `dtypes`; the kernel's parameters are the inputs' and outputs' device
+  // pointers, `scalars`, then the two strides (elements) of each 2-D input marked in `strided`
+  // (every other input must be row-contiguous); `grid` in blocks, `block` a block's threads.
   std::vector<mx::array> launch(const std::vector<mx::array>& inputs, const std::vector<mx::Shape>& shapes,
-                                const std::vector<mx::Dtype>& dtypes, const std::vector<int>& scalars,
-                                std::tuple<int, int, int> grid, std::tuple<int, int, int> block);
+                                const std::vector<mx::Dtype>& dtypes, std::vector<int> scalars,
+                                std::vector<bool> strided, std::array<unsigned, 3> grid,
+                                std::array<unsigned, 3> block);
+  // The loaded CUDA function (a CUfunction), compiled and loaded on first use.
+  void* function();
+  const std::string& name() const {
+    return name_;
+  }
 
  private:
   std::mutex lock_;
   std::string name_;
   std::string source_;
-  bool loaded_ = false;
+  void* function_ = nullptr;
 };
 
 // The kernel of variant `key` (a C identifier), its source written by `source` on first use; never
@@ -139,8 +147,7 @@ const char* jit_type(mx::Dtype dtype);
 // Whether JitKernels run here: a CUDA GPU by default and NVRTC in the process.
 bool jit_available();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
-// gathered products (qmm.cpp) and the gated-delta recurrence (recurrent.cpp).
+// gathered products (qmm.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
-std::vector<std::pair<std::string, std::string>> gated_delta_sources();
 
 }  // namespace shim

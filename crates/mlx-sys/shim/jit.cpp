@@ -1,27 +1,40 @@
-// CUDA kernels of mlx-gen's own, compiled here with NVRTC and launched through MLX's exported
-// `fast::precompiled_cuda_kernel`, so that a call costs the host what one of MLX's own primitives
-// does. MLX's `fast::cuda_kernel` writes the kernel's whole source text again on every call (its
-// signature, its template arguments, the body: several kilobytes through fmt) before it looks the
-// compiled module up by name; for a product called a hundred times a token that was several
-// microseconds a call of host time. Here a kernel variant's source is written and compiled once:
-// its image (cubin for the device's architecture, PTX where NVRTC cannot make SASS for it) is kept
-// on disk (MLX_GEN_KERNEL_CACHE, default $XDG_CACHE_HOME or ~/.cache, then mlx-gen/kernels), loaded
-// into MLX's module cache by one tiny synchronous launch at first use (the kernel returns at once
-// when its first scalar, `dry`, is 1), and every later call hands MLX the kernel's name with an
-// empty image (MLX finds the loaded module by name and never reads the image again).
+// CUDA kernels of mlx-gen's own, compiled here with NVRTC and launched by a primitive of our own,
+// so that a call costs the host what one of MLX's primitives does. MLX's `fast::cuda_kernel` writes
+// the kernel's whole source text again on every call (signature, template arguments, body: several
+// kilobytes through fmt) before it looks the compiled module up by name, and its
+// `precompiled_cuda_kernel` names a module by a hash of the compiled image, hashed again on every
+// call: for a product called a hundred times a token, microseconds a call of host time either way.
+// Here a kernel variant's source is written and compiled once (a cubin for the GPU's architecture,
+// PTX where NVRTC cannot make SASS for it), kept on disk (MLX_GEN_KERNEL_CACHE, default
+// $XDG_CACHE_HOME or ~/.cache, then mlx-gen/kernels) and loaded once with the CUDA driver; each
+// call makes a JitPrimitive, whose evaluation allocates the outputs and adds one kernel node to
+// MLX's CUDA graph through its command encoder, as MLX's own primitives do.
 //
-// NVRTC is the library MLX's CUDA backend already links (libnvrtc), found in the process by name.
-// The sources include no header: 16-bit floats travel as their bits and convert with jit_prelude()'s
-// functions.
+// NVRTC and the CUDA driver are libraries MLX's CUDA backend already links (libnvrtc, libcuda),
+// found in the process by name. MLX's encoder is reached through the members its library exports
+// (cu::get_command_encoder, CommandEncoder's set_input_array, set_output_array and
+// add_kernel_node_raw), found by name too: MLX's wheels do not ship the CUDA headers its own
+// declarations need, and MLX's CPU and Metal libraries do not have them. The kernel sources include no header either: 16-bit floats travel
+// as their bits and convert with jit_prelude()'s functions.
 #include "internal.h"
+
+#include <mlx/primitives.h>
 
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <unordered_map>
+
+// CUDA's dim3 (three unsigned ints, passed by value) and the driver's opaque types.
+struct dim3 {
+  unsigned int x, y, z;
+};
+struct CUfunc_st;
+struct CUmod_st;
 
 namespace shim {
 
@@ -61,6 +74,132 @@ const Nvrtc& nvrtc() {
   }();
   return n;
 }
+
+// The members of MLX's CUDA command encoder a primitive needs (mlx/backend/cuda/device.h), found in
+// libmlx by their exported names as MLX 0.32.4 mangles them, and called as the functions they are
+// (the encoder as the first argument): absent from MLX's CPU and Metal libraries, where no kernel
+// of ours runs.
+struct Encoder {
+  using Get = void* (*)(mx::Stream);
+  using SetArray = void (*)(void*, const mx::array&);
+  using AddNode = void (*)(void*, CUfunc_st*, dim3, dim3, dim3, uint32_t, void**);
+  Get get = nullptr;
+  SetArray set_input = nullptr, set_output = nullptr;
+  AddNode add_node = nullptr;
+  bool ok = false;
+};
+
+const Encoder& encoder_fns() {
+  static const Encoder e = [] {
+    Encoder r;
+    r.get = reinterpret_cast<Encoder::Get>(dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE"));
+    r.set_input = reinterpret_cast<Encoder::SetArray>(
+        dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu14CommandEncoder15set_input_arrayERKNS0_5arrayE"));
+    r.set_output = reinterpret_cast<Encoder::SetArray>(
+        dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu14CommandEncoder16set_output_arrayERKNS0_5arrayE"));
+    r.add_node = reinterpret_cast<Encoder::AddNode>(
+        dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu14CommandEncoder19add_kernel_node_rawEP9CUfunc_st4dim3S5_S5_jPPv"));
+    r.ok = r.get && r.set_input && r.set_output && r.add_node;
+    return r;
+  }();
+  return e;
+}
+
+// The CUDA driver's module loading (libcuda, in the process through libmlx).
+struct Driver {
+  using Load = int (*)(CUmod_st**, const void*);
+  using Function = int (*)(CUfunc_st**, CUmod_st*, const char*);
+  Load load = nullptr;
+  Function function = nullptr;
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    Driver r;
+    r.load = reinterpret_cast<Driver::Load>(dlsym(RTLD_DEFAULT, "cuModuleLoadData"));
+    r.function = reinterpret_cast<Driver::Function>(dlsym(RTLD_DEFAULT, "cuModuleGetFunction"));
+    return r;
+  }();
+  return d;
+}
+
+// An array's device address (mlx/backend/cuda/utils.h's gpu_ptr: the CUDA buffer's first member is
+// its data pointer; the offset is in bytes).
+void* device_ptr(const mx::array& a) {
+  return static_cast<char*>(*static_cast<void* const*>(a.buffer().ptr())) + a.offset();
+}
+
+int as_int(int64_t v, const std::string& kernel) {
+  if (v < INT32_MIN || v > INT32_MAX) {
+    throw std::runtime_error(kernel + ": a stride does not fit in 32 bits");
+  }
+  return static_cast<int>(v);
+}
+
+// One launch of a JitKernel: inputs' and outputs' data pointers, the scalars, then the two strides
+// (elements) of each input marked strided (2-D); every other input must be row-contiguous.
+class JitPrimitive : public mx::Primitive {
+ public:
+  JitPrimitive(mx::Stream stream, JitKernel& kernel, std::vector<int> scalars, std::vector<bool> strided,
+               std::array<unsigned, 3> grid, std::array<unsigned, 3> block)
+      : mx::Primitive(stream),
+        kernel_(kernel),
+        scalars_(std::move(scalars)),
+        strided_(std::move(strided)),
+        grid_(grid),
+        block_(block) {}
+
+  void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(kernel_.name() + " runs on a CUDA GPU only");
+  }
+
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    auto* function = static_cast<CUfunc_st*>(kernel_.function());
+    const Encoder& fns = encoder_fns();
+    void* encoder = fns.get(stream());
+    std::vector<void*> pointers;
+    std::vector<int> ints = scalars_;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& in = inputs[i];
+      if (i < strided_.size() && strided_[i]) {
+        if (in.ndim() != 2) {
+          throw std::runtime_error(kernel_.name() + ": a strided input must be 2-D");
+        }
+        ints.push_back(as_int(in.strides()[0], kernel_.name()));
+        ints.push_back(as_int(in.strides()[1], kernel_.name()));
+      } else if (!in.flags().row_contiguous) {
+        throw std::runtime_error(kernel_.name() + ": input " + std::to_string(i) + " is not row-contiguous");
+      }
+      pointers.push_back(device_ptr(in));
+      fns.set_input(encoder, in);
+    }
+    for (auto& out : outputs) {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+      pointers.push_back(device_ptr(out));
+      fns.set_output(encoder, out);
+    }
+    std::vector<void*> params;
+    params.reserve(pointers.size() + ints.size());
+    for (auto& p : pointers) {
+      params.push_back(&p);
+    }
+    for (auto& v : ints) {
+      params.push_back(&v);
+    }
+    fns.add_node(encoder, function, dim3{grid_[0], grid_[1], grid_[2]}, dim3{block_[0], block_[1], block_[2]},
+                 dim3{1, 1, 1}, 0, params.data());
+  }
+
+  const char* name() const override {
+    return "MlxGenKernel";
+  }
+
+ private:
+  JitKernel& kernel_;
+  std::vector<int> scalars_;
+  std::vector<bool> strided_;
+  std::array<unsigned, 3> grid_, block_;
+};
 
 // The default GPU's compute capability as "90" (sm_90).
 std::string arch() {
@@ -215,40 +354,41 @@ const char* jit_type(mx::Dtype dtype) {
 }
 
 bool jit_available() {
-  return kernel_backend() == 1 && nvrtc().ok;
+  return kernel_backend() == 1 && nvrtc().ok && encoder_fns().ok && driver().load != nullptr &&
+         driver().function != nullptr;
+}
+
+void* JitKernel::function() {
+  std::lock_guard<std::mutex> held(lock_);
+  if (function_ == nullptr) {
+    const Driver& d = driver();
+    if (!nvrtc().ok || !encoder_fns().ok || d.load == nullptr || d.function == nullptr) {
+      throw std::runtime_error("NVRTC, the CUDA driver or MLX's CUDA encoder is not in the process: the kernel " + name_ +
+                               " cannot run");
+    }
+    const std::string image = image_for(name_, source_);
+    CUmod_st* module = nullptr;
+    if (int rc = d.load(&module, image.data()); rc != 0) {
+      throw std::runtime_error("the CUDA driver could not load " + name_ + " (error " + std::to_string(rc) + ")");
+    }
+    CUfunc_st* f = nullptr;
+    if (int rc = d.function(&f, module, name_.c_str()); rc != 0) {
+      throw std::runtime_error("the CUDA driver found no function " + name_ + " (error " + std::to_string(rc) + ")");
+    }
+    function_ = f;
+    source_.clear();
+  }
+  return function_;
 }
 
 std::vector<mx::array> JitKernel::launch(const std::vector<mx::array>& inputs, const std::vector<mx::Shape>& shapes,
-                                         const std::vector<mx::Dtype>& dtypes, const std::vector<int>& scalars,
-                                         std::tuple<int, int, int> grid, std::tuple<int, int, int> block) {
-  std::vector<mx::fast::ScalarArg> args;
-  args.reserve(scalars.size() + 1);
-  args.emplace_back(0);
-  for (int s : scalars) {
-    args.emplace_back(s);
-  }
-  {
-    std::lock_guard<std::mutex> held(lock_);
-    if (!loaded_) {
-      if (!nvrtc().ok) {
-        throw std::runtime_error("NVRTC is not loaded: the CUDA kernel " + name_ + " cannot be compiled");
-      }
-      const std::string image = image_for(name_, source_);
-      // One launch that returns at once (dry = 1) on inputs of one element: MLX loads the image.
-      std::vector<mx::array> tiny;
-      for (const auto& in : inputs) {
-        tiny.push_back(mx::zeros({1}, in.dtype()));
-      }
-      std::vector<mx::Shape> one(shapes.size(), mx::Shape{1});
-      auto warm = args;
-      warm[0] = 1;
-      mx::eval(mx::fast::precompiled_cuda_kernel(name_, image, tiny, one, dtypes, warm, {1, 1, 1}, {1, 1, 1}));
-      loaded_ = true;
-      source_.clear();
-    }
-  }
-  return mx::fast::precompiled_cuda_kernel(name_, std::string(), inputs, shapes, dtypes, args, grid, block, 0,
-                                           std::nullopt, true);
+                                         const std::vector<mx::Dtype>& dtypes, std::vector<int> scalars,
+                                         std::vector<bool> strided, std::array<unsigned, 3> grid,
+                                         std::array<unsigned, 3> block) {
+  auto stream = mx::default_stream(mx::default_device());
+  return mx::array::make_arrays(
+      shapes, dtypes,
+      std::make_shared<JitPrimitive>(stream, *this, std::move(scalars), std::move(strided), grid, block), inputs);
 }
 
 JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source) {
@@ -274,10 +414,7 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
     if (!shim::nvrtc().ok) {
       throw std::runtime_error(std::string(nvrtc_library) + " lacks NVRTC's entry points");
     }
-    auto all = shim::qmm_sources();
-    for (auto& s : shim::gated_delta_sources()) {
-      all.push_back(std::move(s));
-    }
+    const auto all = shim::qmm_sources();
     *compiled = 0;
     for (const auto& [key, source] : all) {
       std::string log;

@@ -30,29 +30,30 @@ using shim::guard;
 using shim::opt;
 using shim::wrap;
 
-// The plain product's parameters: x (M, K), w (N, K * BITS / 32), out (M, N).
+// The plain product's parameters: x (M, K) with strides (ldx, xcs) in elements, w (N, K * BITS / 32),
+// out (M, N).
 const char* kRowsParams =
-    "const T* x, const u32* w, const T* scales, const T* biases, T* out, int dry, int M, int K, int N";
+    "const T* x, const u32* w, const T* scales, const T* biases, T* out, int M, int K, int N, int ldx, int xcs";
 const char* kRowsPrologue = "";
 
 // The gathered product's (mlx-lm's SwitchLinear for a few tokens): one slot (token, chosen expert)
-// a block row, blockIdx.y (gridDim.y slots); indices (T, topk) name each slot's expert, w (E, N,
-// K * BITS / 32) stacks the experts, x holds a row a slot (xrows = T * topk) or a row a token
-// (xrows = T, shared by its topk slots); out (T, topk, N). The pointers are moved to the slot's
-// expert, x row and output row.
+// a block row, blockIdx.y (gridDim.y slots); indices (T, topk) with strides (ldi, ics) name each
+// slot's expert, w (E, N, K * BITS / 32) stacks the experts, x (strides ldx, xcs) holds a row a slot
+// (xrows = T * topk) or a row a token (xrows = T, shared by its topk slots); out (T, topk, N). The
+// pointers are moved to the slot's expert, x row and output row.
 const char* kGatherParams =
-    "const T* x, const u32* w, const T* scales, const T* biases, const u32* indices, T* out, int dry, "
-    "int K, int N, int topk, int xrows";
+    "const T* x, const u32* w, const T* scales, const T* biases, const u32* indices, T* out, int K, int N, "
+    "int topk, int xrows, int ldx, int xcs, int ldi, int ics";
 const char* kGatherPrologue = R"(
   const int slots = gridDim.y;
   const int slot = blockIdx.y;
   const int M = 1;
-  const long long e = indices[slot];
+  const long long e = indices[(long long)(slot / topk) * ldi + (long long)(slot % topk) * ics];
   const int xrow = xrows == slots ? slot : slot / topk;
   w += e * N * (K / (32 / BITS));
   scales += e * N * (K / GS);
   biases += e * N * (K / GS);
-  x += (long long)xrow * K;
+  x += (long long)xrow * ldx;
   out += (long long)slot * N;
 )";
 
@@ -73,7 +74,8 @@ const char* kCudaBody = R"(
   const int n0 = blockIdx.x * R;
   const int tid = threadIdx.x;
   const bool w_packed = (reinterpret_cast<unsigned long long>(w) % 16) == 0;
-  const bool x_packed = (reinterpret_cast<unsigned long long>(x) % sizeof(XPack)) == 0;
+  const bool x_packed = xcs == 1 && (M == 1 || ldx % VPW == 0) &&
+                        (reinterpret_cast<unsigned long long>(x) % sizeof(XPack)) == 0;
   float acc[R][MMAX];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -131,7 +133,7 @@ const char* kCudaBody = R"(
 #pragma unroll
       for (int m = 0; m < MMAX; ++m) {
         if (m < M) {
-          const T* xr = x + (long long)m * K + (long long)u * VPU + wi * VPW;
+          const T* xr = x + (long long)m * ldx + ((long long)u * VPU + wi * VPW) * xcs;
           if (x_packed) {
             const XPack p = *reinterpret_cast<const XPack*>(xr);
 #pragma unroll
@@ -141,7 +143,7 @@ const char* kCudaBody = R"(
           } else {
 #pragma unroll
             for (int j = 0; j < VPW; ++j) {
-              xv[m][j] = to_f(xr[j]);
+              xv[m][j] = to_f(xr[(long long)j * xcs]);
             }
           }
 #pragma unroll
@@ -237,8 +239,7 @@ std::string source(const char* params, const char* prologue, const char* t, int 
                 "  constexpr int R = %d;\n  constexpr int THREADS = %d;\n",
                 bits, gs, mmax, r, kThreads);
   return std::string(shim::jit_prelude()) + "using T = " + t + ";\nextern \"C\" __global__ void __launch_bounds__(" +
-         std::to_string(kThreads) + ") KNAME(" + params + ") {\n  if (dry) {\n    return;\n  }\n" + consts + prologue +
-         kCudaBody + "}\n";
+         std::to_string(kThreads) + ") KNAME(" + params + ") {\n" + consts + prologue + kCudaBody + "}\n";
 }
 
 std::string variant(const char* base, const char* t, int bits, int gs, int mmax, int r) {
@@ -328,8 +329,8 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
     const int r = cols(), blocks = (n + r - 1) / r;
     auto& kern = kernel(false, xa.dtype(), bits, group_size, mmax, r);
-    auto outs = kern.launch({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {m, k, n}, {blocks * kThreads, 1, 1},
-                            {kThreads, 1, 1});
+    auto outs = kern.launch({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
+                            {unsigned(blocks), 1, 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);
   });
 }
@@ -360,7 +361,7 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
     const int r = cols(), blocks = (n + r - 1) / r;
     auto& kern = kernel(true, xa.dtype(), bits, group_size, 1, r);
     auto outs = kern.launch({xa, wa, sa, *ba, ia}, {{t, k, n}}, {xa.dtype()}, {xa.shape(1), n, k, xa.shape(0)},
-                            {blocks * kThreads, t * k, 1}, {kThreads, 1, 1});
+                            {true, false, false, false, true}, {unsigned(blocks), unsigned(t * k), 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);
   });
 }

@@ -56,13 +56,7 @@ std::vector<mx::array> delta_step(const std::vector<mx::array>& in) {
 // `exact` (CUDA, MLX_GEN_GDN_NOFMA=1): every product and sum rounded on its own (__fmul_rn, __fadd_rn),
 // as the per-position operations round them, instead of the products fused into FMAs; an experiment
 // towards mlx-lm's CUDA tokens (the lanes' summation order stays the kernel's).
-// On CUDA the body is a JitKernel's (jit.cpp): T comes as a parameter and values convert through
-// to_f / from_f; on Metal it is MLX's metal_kernel's (T from q's shape, static_cast).
 std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
-  auto f = [&](const std::string& a) { return cuda ? "to_f(" + a + ")" : "static_cast<float>(" + a + ")"; };
-  auto to = [&](const char* t, const std::string& a) {
-    return cuda ? std::string("from_f<") + t + ">(" + a + ")" : std::string("static_cast<") + t + ">(" + a + ")";
-  };
   auto mul = [&](const std::string& a, const std::string& b) { return exact ? "__fmul_rn(" + a + ", " + b + ")" : a + " * " + b; };
   auto add = [&](const std::string& a, const std::string& b) { return exact ? "__fadd_rn(" + a + ", " + b + ")" : a + " + " + b; };
   auto sub = [&](const std::string& a, const std::string& b) { return exact ? "__fsub_rn(" + a + ", " + b + ")" : "(" + a + " - " + b + ")"; };
@@ -76,7 +70,8 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
       ? "for (int o = 16; o > 0; o /= 2) { out += __shfl_xor_sync(0xffffffff, out, o); }"
       : "out = simd_sum(out);";
   std::string keep = masked ? "mask[b_idx * T + t]" : "true";
-  return std::string(cuda ? "" : "\n  const int T = q_shape[1];") + R"(
+  return R"(
+  const int T = q_shape[1];
   const int n = )" + head + R"(;
   const int b_idx = n / Hv;
   const int hv_idx = n % Hv;
@@ -93,7 +88,7 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
   auto o_state = state_out + (n * Dv + dv_idx) * Dk;
   float st[n_per_t];
   for (int i = 0; i < n_per_t; ++i) {
-    st[i] = )" + f("i_state[n_per_t * dk_idx + i]") + R"(;
+    st[i] = static_cast<float>(i_state[n_per_t * dk_idx + i]);
   }
   auto g_ = g + b_idx * T * Hv;
   auto beta_ = beta + b_idx * T * Hv;
@@ -102,21 +97,21 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
       float kv_mem = 0.0f;
       for (int i = 0; i < n_per_t; ++i) {
         const int s_idx = n_per_t * dk_idx + i;
-        st[i] = )" + mul("st[i]", f("g_[hv_idx]")) + R"(;
-        kv_mem = )" + add("kv_mem", mul("st[i]", f("k_[s_idx]"))) + R"(;
+        st[i] = )" + mul("st[i]", "static_cast<float>(g_[hv_idx])") + R"(;
+        kv_mem = )" + add("kv_mem", mul("st[i]", "static_cast<float>(k_[s_idx])")) + R"(;
       }
       )" + reduce + R"(
-      const float delta = )" + mul(sub(f("v_[dv_idx]"), "kv_mem"), f("beta_[hv_idx]")) + R"(;
+      const float delta = )" + mul(sub("static_cast<float>(v_[dv_idx])", "kv_mem"), "static_cast<float>(beta_[hv_idx])") + R"(;
       float out = 0.0f;
       for (int i = 0; i < n_per_t; ++i) {
         const int s_idx = n_per_t * dk_idx + i;
-        st[i] = )" + add("st[i]", mul(f("k_[s_idx]"), "delta")) + R"(;
-        out = )" + add("out", mul("st[i]", f("q_[s_idx]"))) + R"(;
+        st[i] = )" + add("st[i]", mul("static_cast<float>(k_[s_idx])", "delta")) + R"(;
+        out = )" + add("out", mul("st[i]", "static_cast<float>(q_[s_idx])")) + R"(;
       }
       )" + reduce_out + R"(
-      if (dk_idx == 0) { y_[dv_idx] = )" + to("InT", "out") + R"(; }
+      if (dk_idx == 0) { y_[dv_idx] = static_cast<InT>(out); }
     } else if (dk_idx == 0) {
-      y_[dv_idx] = )" + to("InT", "0.0f") + R"(;
+      y_[dv_idx] = static_cast<InT>(0.0f);
     }
     q_ += Hk * Dk;
     k_ += Hk * Dk;
@@ -126,18 +121,13 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
     beta_ += Hv;
   }
   for (int i = 0; i < n_per_t; ++i) {
-    o_state[n_per_t * dk_idx + i] = )" + to("StT", "st[i]") + R"(;
+    o_state[n_per_t * dk_idx + i] = static_cast<StT>(st[i]);
   }
 )";
 }
 
-bool exact_products() {
-  const char* nofma = std::getenv("MLX_GEN_GDN_NOFMA");
-  return nofma != nullptr && std::string(nofma) == "1";
-}
-
-// Metal's kernel (MLX's metal_kernel; built once per variant, never destroyed).
-const mx::fast::CustomKernelFunction& metal_delta_kernel(bool masked) {
+// The kernel for this backend (built once per variant, never destroyed).
+const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
   static const mx::fast::CustomKernelFunction* kernels[2] = {nullptr, nullptr};
   auto& slot = kernels[masked ? 1 : 0];
   if (slot == nullptr) {
@@ -145,60 +135,22 @@ const mx::fast::CustomKernelFunction& metal_delta_kernel(bool masked) {
     if (masked) {
       inputs.push_back("mask");
     }
-    std::string body = delta_kernel_body(false, masked, false);
+    bool cuda = shim::kernel_backend() == 1;
+    const char* nofma = std::getenv("MLX_GEN_GDN_NOFMA");
+    bool exact = cuda && nofma != nullptr && std::string(nofma) == "1";
+    std::string body = delta_kernel_body(cuda, masked, exact);
     std::string name = shim::kernel_name(masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta", body);
-    slot = new mx::fast::CustomKernelFunction(mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, body));
+    slot = new mx::fast::CustomKernelFunction(
+        cuda ? mx::fast::cuda_kernel(name, inputs, {"y", "state_out"}, body)
+             : mx::fast::metal_kernel(name, inputs, {"y", "state_out"}, body));
   }
   return *slot;
 }
 
-// CUDA's kernel source for inputs of `types` (q, k, v, g, beta, state_in: jit_type names) and sizes.
-std::string delta_cuda_source(const char* const types[6], int dk, int dv, int hk, int hv, bool masked, bool exact) {
-  const std::string t[6] = {types[0], types[1], types[2], types[3], types[4], types[5]};
-  const std::string head = "using InT = " + t[0] + ";\nusing KT = " + t[1] + ";\nusing VT = " + t[2] + ";\nusing GT = " +
-                           t[3] + ";\nusing BT = " + t[4] + ";\nusing StT = " + t[5] +
-                           ";\nextern \"C\" __global__ void KNAME(const InT* q, const KT* k, const VT* v, const GT* g, "
-                           "const BT* beta, const StT* state_in, " +
-                           (masked ? "const bool* mask, " : "") +
-                           "InT* y, StT* state_out, int dry, int T) {\n  if (dry) {\n    return;\n  }\n  constexpr int Dk = " +
-                           std::to_string(dk) + ";\n  constexpr int Dv = " + std::to_string(dv) +
-                           ";\n  constexpr int Hk = " + std::to_string(hk) + ";\n  constexpr int Hv = " +
-                           std::to_string(hv) + ";\n";
-  return std::string(shim::jit_prelude()) + head + delta_kernel_body(true, masked, exact) + "}\n";
-}
-
-// CUDA's kernel for these inputs (q, k, v, g, beta, state_in[, mask]) and sizes (a JitKernel, jit.cpp).
-shim::JitKernel& cuda_delta_kernel(const std::vector<mx::array>& in, int dk, int dv, int hk, int hv) {
-  const bool masked = in.size() > 6, exact = exact_products();
-  const char* types[6];
-  for (int i = 0; i < 6; ++i) {
-    types[i] = shim::jit_type(in[i].dtype());
-  }
-  char key[200];
-  std::snprintf(key, sizeof key, "mlxgen_gated_delta_%s_%s_%s_%s_%s_%s_%d_%d_%d_%d%s%s", types[0], types[1], types[2],
-                types[3], types[4], types[5], dk, dv, hk, hv, masked ? "_mask" : "", exact ? "_exact" : "");
-  return shim::jit_kernel(key, [&] { return delta_cuda_source(types, dk, dv, hk, hv, masked, exact); });
-}
-
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> shim::gated_delta_sources() {
-  std::vector<std::pair<std::string, std::string>> out;
-  const char* const types[3][6] = {{"bf16_t", "bf16_t", "bf16_t", "float", "float", "float"},
-                                   {"bf16_t", "bf16_t", "bf16_t", "bf16_t", "bf16_t", "float"},
-                                   {"f16_t", "f16_t", "f16_t", "f16_t", "f16_t", "f16_t"}};
-  for (int i = 0; i < 3; ++i) {
-    for (int masked = 0; masked < 2; ++masked) {
-      out.emplace_back("mlxgen_gated_delta_" + std::to_string(i) + "_" + std::to_string(masked),
-                       delta_cuda_source(types[i], 128, 128, 16, 32, masked == 1, i == 2));
-    }
-  }
-  return out;
-}
-
 int mlxs_gated_delta_kernel_available(void) {
-  const int backend = shim::kernel_backend();
-  return backend == 2 || (backend == 1 && shim::jit_available()) ? 1 : 0;
+  return shim::kernel_backend() != 0 ? 1 : 0;
 }
 
 int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_array q, const mlxs_array k,
@@ -217,17 +169,10 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
     if (mask != nullptr) {
       in.push_back(arr(mask));
     }
-    std::vector<mx::array> outs;
-    if (shim::kernel_backend() == 1) {
-      outs = cuda_delta_kernel(in, dk, dv, hk, hv)
-                 .launch(in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {qa.shape(1)}, {32, dv, b * hv},
-                         {32, 4, 1});
-    } else {
-      outs = metal_delta_kernel(mask != nullptr)(
-          in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {32, dv, b * hv}, {32, 4, 1},
-          {{"InT", qa.dtype()}, {"StT", st.dtype()}, {"Dk", dk}, {"Dv", dv}, {"Hk", hk}, {"Hv", hv}}, std::nullopt,
-          false, {});
-    }
+    auto outs = delta_kernel(mask != nullptr)(
+        in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {32, dv, b * hv}, {32, 4, 1},
+        {{"InT", qa.dtype()}, {"StT", st.dtype()}, {"Dk", dk}, {"Dv", dv}, {"Hk", hk}, {"Hv", hv}}, std::nullopt, false,
+        {});
     *y = wrap(outs[0]);
     *state_out = wrap(outs[1]);
   });
