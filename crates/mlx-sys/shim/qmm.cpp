@@ -1,5 +1,6 @@
 // mlx-gen's C ABI for a quantized product of a few rows, x (M, K) @ dequantize(w)ᵀ for 1 <= M <= 8,
-// as one CUDA kernel through MLX's custom-kernel API: a decode step's products (one row), a batch
+// as one CUDA kernel of ours (jit.cpp: compiled once, launched by our own primitive): a decode step's
+// products (one row), a batch
 // decode step's (one row a sequence) and a speculative verification's (K+1 positions). MLX 0.32's
 // CUDA backend runs 1-7 rows with its matrix-vector kernel once a row (from 8 rows a tiled product),
 // and that kernel reads a weight at about a sixth of the H200's memory bandwidth (16384 x 3072, 4-bit:

@@ -184,7 +184,7 @@ impl<T: Arch> Stack<T> {
     /// token reads a few, do not count) and none queues many more kernels than an attention block
     /// ([`Arch::host_heavy_layers`]). Then the quantized products of every weight take our few-row
     /// kernel ([`crate::nn::with_device_bound_decode`]), whose device time is about half
-    /// MLX's, where its extra host cost a call is hidden.
+    /// MLX's; elsewhere only the large weights do (the small ones gain nothing).
     fn device_bound(&self) -> bool {
         *self.device_bound.get_or_init(|| {
             let dense: usize = self.layers.iter().flat_map(|l| l.arrays()).filter(|a| a.ndim() <= 2).map(mlx::Array::nbytes).sum();

@@ -272,8 +272,10 @@ fn switch() -> Switch {
     })
 }
 
-/// Weights of this many elements or more take the few-row kernel in every model: their products
-/// save more device time than the call's extra host cost (about 7 us more than MLX's product).
+/// Weights of this many elements or more take the few-row kernel in every model. Since the kernel
+/// is launched by a primitive of ours (the shim's jit.cpp) a call costs the host what MLX's product
+/// does, and every weight through it is as fast as this default on Llama-3.2-3B and Qwen3.5-9B and
+/// 1.5% slower on Qwen3-0.6B (BENCHMARKS.md, 2026-12-06 fifth session): small weights gain nothing.
 const LARGE_WEIGHT: i64 = 1 << 24;
 
 thread_local! {
@@ -286,7 +288,8 @@ thread_local! {
 /// host cost is hidden), else only those of weights of 2^24+ elements. Measured on the H100
 /// (BENCHMARKS.md, 2026-12-06 fourth session, decode at prompt 512, 3 rounds): Qwen2.5-7B 1.12-1.48x
 /// faster with the large weights through it, 1.44-1.66x with every weight; Llama-3.2-3B 1.01-1.07x
-/// with the large weights but slower with every weight; Qwen3-0.6B unchanged.
+/// with the large weights; Qwen3-0.6B unchanged. Launched by our own primitive (fifth session):
+/// Llama-3.2-3B 1.07x and Qwen3.5-9B 1.13x faster again, Qwen3-0.6B unchanged.
 pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) -> T {
     let before = DEVICE_BOUND.with(|c| c.replace(device_bound));
     let out = f();
