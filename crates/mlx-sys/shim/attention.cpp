@@ -1,15 +1,16 @@
-// mlx-gen's C ABI for attention of a few query positions as one CUDA kernel through MLX's custom-kernel
-// API: softmax(q kᵀ · scale + mask) v for q (B, Hq, L, D) against the caches' k, v (B, Hkv, S, D),
+// mlx-gen's C ABI for attention of a few query positions as one CUDA kernel of ours (jit.cpp: compiled
+// once, launched by our own primitive): softmax(q kᵀ · scale + mask) v for q (B, Hq, L, D) against the caches' k, v (B, Hkv, S, D),
 // read in place through their strides (a cache's keys are a view of a longer buffer). It is what a
 // batch decode step (one position a row, an array mask over each row's left padding) and a
 // speculative verification (K+1 positions, causal) compute in every layer. The engine composes these
 // of MLX operations on the GPU (nn/sdpa.rs: MLX's CUDA backend would build a cuDNN graph per shape),
 // five kernels and two cuBLAS products a layer, each of which MLX's host encodes (a 32-row step of a
 // 28-layer model spends about 9 ms of host time a step); here it is one kernel a layer. Measured
-// (BENCHMARKS.md, 2026-12-06 third session): a Qwen3-0.6B batch step of 2-4 rows 1.3-1.4x faster, but
-// the server at 8 and 32 streams no faster and a 9-position verification slower (the scan of every key
-// once a query and position costs the device more than cuBLAS's products there), so the engine asks for
-// it only with MLX_GEN_ATTN_KERNEL=1.
+// (BENCHMARKS.md, 2026-12-06 third session, through MLX's custom-kernel API, which wrote its source
+// again on every call): a Qwen3-0.6B batch step of 2-4 rows 1.3-1.4x faster, but the server at 8 and
+// 32 streams no faster and a 9-position verification slower (the scan of every key once a query and
+// position costs the device more than cuBLAS's products there), so the engine asks for it only with
+// MLX_GEN_ATTN_KERNEL=1 (to be measured again with our launch).
 //
 // One block of WARPS warps a query (b, head, position): each warp takes every WARPS-th key, its lanes
 // D/32 dimensions each; a key's score is a warp sum, the softmax is online (running maximum and sum
@@ -19,7 +20,9 @@
 // where mlx-lm's tokens are not the reference (batch steps, verification).
 #include "internal.h"
 
+#include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -28,16 +31,20 @@ using shim::arr;
 using shim::guard;
 using shim::wrap;
 
-// Template arguments: T (q, k, v, out), D (head dims, a multiple of 32 up to 256), WARPS, MASK (0 none,
-// 1 boolean keep, 2 additive), CAUSAL (key s is seen by position l iff s <= S - L + l). q, k, v have
-// unit stride along D (the shim makes them so); the mask is (B|1, H|1, L|1, S) with its own strides.
+// Constants: T (q, k, v, out), MT (the mask's type), D (head dims, a multiple of 32 up to 256), WARPS,
+// MASK (0 none, 1 boolean keep, 2 additive), CAUSAL (key s is seen by position l iff s <= S - L + l).
+// Scalars: q (B, HQ, L, D), k and v (B, HKV, S, D), the mask's leading sizes (M0, M1, M2; it is
+// (M0, M1, M2, S)), then each input's four strides (elements), read at evaluation.
+const char* kParams =
+    "const T* q, const T* k, const T* v, const MT* mask, T* out, int B, int HQ, int L, int HKV, int S, int M0, "
+    "int M1, int M2, int qs0, int qs1, int qs2, int qs3, int ks0, int ks1, int ks2, int ks3, int vs0, int vs1, "
+    "int vs2, int vs3, int ms0, int ms1, int ms2, int ms3";
+
 std::string cuda_body(uint32_t scale_bits) {
   return R"(
   const float scale = __int_as_float()" + std::to_string(scale_bits) + R"();
   const float NEG_INF = __int_as_float(0xff800000u);
   constexpr int E = D / 32;
-  const int B = q_shape[0], HQ = q_shape[1], L = q_shape[2];
-  const int HKV = k_shape[1], S = k_shape[2];
   const int l = blockIdx.x % L;
   const int h = (blockIdx.x / L) % HQ;
   const int b = blockIdx.x / (L * HQ);
@@ -46,25 +53,24 @@ std::string cuda_body(uint32_t scale_bits) {
   __shared__ float sm_m[WARPS], sm_l[WARPS];
   __shared__ float sm_o[WARPS][D];
   float qv[E], o[E];
-  const T* qp = q + b * q_strides[0] + h * q_strides[1] + l * q_strides[2] + lane * E;
+  const T* qp = q + (long long)b * qs0 + (long long)h * qs1 + (long long)l * qs2 + (long long)lane * E * qs3;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    qv[e] = static_cast<float>(qp[e]);
+    qv[e] = to_f(qp[(long long)e * qs3]);
     o[e] = 0.0f;
   }
-  const T* kb = k + b * k_strides[0] + hk * k_strides[1] + lane * E;
-  const T* vb = v + b * v_strides[0] + hk * v_strides[1] + lane * E;
+  const T* kb = k + (long long)b * ks0 + (long long)hk * ks1 + (long long)lane * E * ks3;
+  const T* vb = v + (long long)b * vs0 + (long long)hk * vs1 + (long long)lane * E * vs3;
   long long mbase = 0;
   if (MASK != 0) {
-    mbase = (mask_shape[0] > 1 ? b : 0) * mask_strides[0] + (mask_shape[1] > 1 ? h : 0) * mask_strides[1] +
-            (mask_shape[2] > 1 ? l : 0) * mask_strides[2];
+    mbase = (long long)(M0 > 1 ? b : 0) * ms0 + (long long)(M1 > 1 ? h : 0) * ms1 + (long long)(M2 > 1 ? l : 0) * ms2;
   }
   const int last = CAUSAL ? S - L + l : S - 1;
   float mx = NEG_INF, sum = 0.0f;
   for (int s = warp; s <= last; s += WARPS) {
     float add = 0.0f;
     if (MASK != 0) {
-      const float mv = static_cast<float>(mask[mbase + (long long)s * mask_strides[3]]);
+      const float mv = to_f(mask[mbase + (long long)s * ms3]);
       if (MASK == 1) {
         if (mv == 0.0f) {
           continue;
@@ -73,11 +79,11 @@ std::string cuda_body(uint32_t scale_bits) {
         add = mv;
       }
     }
-    const T* kp = kb + (long long)s * k_strides[2];
+    const T* kp = kb + (long long)s * ks2;
     float dot = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      dot = fmaf(qv[e], static_cast<float>(kp[e]), dot);
+      dot = fmaf(qv[e], to_f(kp[(long long)e * ks3]), dot);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -91,10 +97,10 @@ std::string cuda_body(uint32_t scale_bits) {
     const float factor = __expf(mx - nm);
     const float p = __expf(score - nm);
     sum = sum * factor + p;
-    const T* vp = vb + (long long)s * v_strides[2];
+    const T* vp = vb + (long long)s * vs2;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      o[e] = fmaf(p, static_cast<float>(vp[e]), o[e] * factor);
+      o[e] = fmaf(p, to_f(vp[(long long)e * vs3]), o[e] * factor);
     }
     mx = nm;
   }
@@ -131,7 +137,7 @@ std::string cuda_body(uint32_t scale_bits) {
     T* op = out + (((long long)b * HQ + h) * L + l) * D + lane * E;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      op[e] = static_cast<T>(acc[e] * inv);
+      op[e] = from_f<T>(acc[e] * inv);
     }
   }
 )";
@@ -139,14 +145,27 @@ std::string cuda_body(uint32_t scale_bits) {
 
 constexpr int kWarps = 4;
 
-// The kernel for `scale` (written into its source), built once per value and never destroyed.
-const mx::fast::CustomKernelFunction& kernel_for(float scale) {
-  static shim::KernelsByFloat kernels;
-  return kernels.get(scale, [](uint32_t bits) {
-    std::string body = cuda_body(bits);
-    std::string name = shim::kernel_name("mlxgen_sdpa_few", body);
-    return mx::fast::cuda_kernel(name, {"q", "k", "v", "mask"}, {"out"}, body, "", /* ensure_row_contiguous */ false);
-  });
+std::string source(const char* t, const char* mt, int d, int kind, bool causal, uint32_t scale_bits) {
+  return std::string(shim::jit_prelude()) + "using T = " + t + ";\nusing MT = " + mt +
+         ";\nextern \"C\" __global__ void __launch_bounds__(" + std::to_string(kWarps * 32) + ") KNAME(" + kParams +
+         ") {\n  constexpr int D = " + std::to_string(d) + ";\n  constexpr int WARPS = " + std::to_string(kWarps) +
+         ";\n  constexpr int MASK = " + std::to_string(kind) + ";\n  constexpr bool CAUSAL = " +
+         (causal ? "true" : "false") + ";\n" + cuda_body(scale_bits) + "}\n";
+}
+
+std::string variant(const char* t, const char* mt, int d, int kind, bool causal, uint32_t scale_bits) {
+  char key[128];
+  std::snprintf(key, sizeof key, "mlxgen_sdpa_few_%s_%s_d%d_k%d_c%d_s%08x", t, mt, d, kind, causal ? 1 : 0, scale_bits);
+  return key;
+}
+
+// The kernel for these types, sizes, mask kind and scale (a JitKernel, jit.cpp).
+shim::JitKernel& kernel_for(mx::Dtype dtype, mx::Dtype mask_dtype, int d, int kind, bool causal, float scale) {
+  uint32_t bits;
+  std::memcpy(&bits, &scale, sizeof bits);
+  const char* t = shim::jit_type(dtype);
+  const char* mt = shim::jit_type(mask_dtype);
+  return shim::jit_kernel(variant(t, mt, d, kind, causal, bits), [&] { return source(t, mt, d, kind, causal, bits); });
 }
 
 // Unit stride along the last axis (a copy otherwise).
@@ -155,6 +174,18 @@ mx::array unit_last(const mx::array& x) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> shim::sdpa_few_sources() {
+  std::vector<std::pair<std::string, std::string>> out;
+  const uint32_t scale = 0x3db504f3u;  // 1 / sqrt(128)
+  for (const auto& [t, mt, d, kind, causal] :
+       {std::tuple{"bf16_t", "float", 128, 0, true}, std::tuple{"bf16_t", "bool", 128, 1, false},
+        std::tuple{"bf16_t", "bf16_t", 64, 2, false}, std::tuple{"f16_t", "float", 256, 0, false},
+        std::tuple{"float", "float", 32, 2, true}}) {
+    out.emplace_back(variant(t, mt, d, kind, causal, scale), source(t, mt, d, kind, causal, scale));
+  }
+  return out;
+}
 
 int mlxs_sdpa_few_available(const mlxs_array q, const mlxs_array k, const mlxs_array v) {
   try {
@@ -165,7 +196,7 @@ int mlxs_sdpa_few_available(const mlxs_array q, const mlxs_array k, const mlxs_a
                       ka.shape(1) > 0 && qa.shape(1) % ka.shape(1) == 0 && qa.shape(0) == ka.shape(0) &&
                       ka.dtype() == qa.dtype() && va.dtype() == qa.dtype() &&
                       (qa.dtype() == mx::bfloat16 || qa.dtype() == mx::float16 || qa.dtype() == mx::float32);
-    return fits && shim::kernel_backend() == 1 ? 1 : 0;
+    return fits && shim::jit_available() ? 1 : 0;
   } catch (...) {
     return 0;
   }
@@ -201,10 +232,11 @@ int mlxs_sdpa_few(mlxs_array* out, const mlxs_array q, const mlxs_array k, const
         m = mx::broadcast_to(m, {m.shape(0), m.shape(1), m.shape(2), ka.shape(2)});
       }
     }
-    std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs{
-        {"T", qa.dtype()}, {"D", d}, {"WARPS", kWarps}, {"MASK", kind}, {"CAUSAL", causal != 0}};
-    auto outs = kernel_for(scale)({qa, ka, va, m}, {{b, hq, l, d}}, {qa.dtype()}, {b * hq * l * kWarps * 32, 1, 1},
-                                  {kWarps * 32, 1, 1}, targs, std::nullopt, false, {});
+    const int hkv = ka.shape(1), sk = ka.shape(2);
+    auto outs = kernel_for(qa.dtype(), m.dtype(), d, kind, causal != 0, scale)
+                    .launch({qa, ka, va, m}, {{b, hq, l, d}}, {qa.dtype()},
+                            {b, hq, l, hkv, sk, m.shape(0), m.shape(1), m.shape(2)}, {true, true, true, true},
+                            {unsigned(b * hq * l), 1, 1}, {kWarps * 32, 1, 1});
     *out = wrap(outs[0]);
   });
 }

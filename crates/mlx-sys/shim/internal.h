@@ -119,8 +119,8 @@ class JitKernel {
  public:
   JitKernel(std::string name, std::string source) : name_(std::move(name)), source_(std::move(source)) {}
   // Outputs of `shapes` / `dtypes`; the kernel's parameters are the inputs' and outputs' device
-  // pointers, `scalars`, then the two strides (elements) of each 2-D input marked in `strided`
-  // (every other input must be row-contiguous); `grid` in blocks, `block` a block's threads.
+  // pointers, `scalars`, then the strides (elements, one an axis, as ints) of each input marked in
+  // `strided` (every other input must be row-contiguous); `grid` in blocks, `block` a block's threads.
   std::vector<mx::array> launch(const std::vector<mx::array>& inputs, const std::vector<mx::Shape>& shapes,
                                 const std::vector<mx::Dtype>& dtypes, std::vector<int> scalars,
                                 std::vector<bool> strided, std::array<unsigned, 3> grid,
@@ -147,7 +147,10 @@ const char* jit_type(mx::Dtype dtype);
 // Whether JitKernels run here: a CUDA GPU by default and NVRTC in the process.
 bool jit_available();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
-// gathered products (qmm.cpp).
+// gathered products (qmm.cpp), the residual add with the RMS norm (norm.cpp), attention of a few
+// query positions (attention.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
+std::vector<std::pair<std::string, std::string>> add_rms_norm_sources();
+std::vector<std::pair<std::string, std::string>> sdpa_few_sources();
 
 }  // namespace shim

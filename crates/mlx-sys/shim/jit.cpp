@@ -136,8 +136,8 @@ int as_int(int64_t v, const std::string& kernel) {
   return static_cast<int>(v);
 }
 
-// One launch of a JitKernel: inputs' and outputs' data pointers, the scalars, then the two strides
-// (elements) of each input marked strided (2-D); every other input must be row-contiguous.
+// One launch of a JitKernel: inputs' and outputs' data pointers, the scalars, then the strides
+// (elements, one an axis) of each input marked strided; every other input must be row-contiguous.
 class JitPrimitive : public mx::Primitive {
  public:
   JitPrimitive(mx::Stream stream, JitKernel& kernel, std::vector<int> scalars, std::vector<bool> strided,
@@ -162,11 +162,9 @@ class JitPrimitive : public mx::Primitive {
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto& in = inputs[i];
       if (i < strided_.size() && strided_[i]) {
-        if (in.ndim() != 2) {
-          throw std::runtime_error(kernel_.name() + ": a strided input must be 2-D");
+        for (int64_t stride : in.strides()) {
+          ints.push_back(as_int(stride, kernel_.name()));
         }
-        ints.push_back(as_int(in.strides()[0], kernel_.name()));
-        ints.push_back(as_int(in.strides()[1], kernel_.name()));
       } else if (!in.flags().row_contiguous) {
         throw std::runtime_error(kernel_.name() + ": input " + std::to_string(i) + " is not row-contiguous");
       }
@@ -303,6 +301,9 @@ struct f16_t {
 __device__ __forceinline__ float to_f(float v) {
   return v;
 }
+__device__ __forceinline__ float to_f(bool v) {
+  return v ? 1.0f : 0.0f;
+}
 __device__ __forceinline__ float to_f(bf16_t v) {
   return __uint_as_float(static_cast<u32>(v.bits) << 16);
 }
@@ -330,6 +331,36 @@ __device__ __forceinline__ f16_t from_f<f16_t>(float f) {
   u16 h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return f16_t{h};
+}
+// a + b and a * b in the type itself, rounded once (as CUDA's __hadd / __hmul: bf16 through its
+// fused multiply-add with 1 or -0, sm_80 and later).
+__device__ __forceinline__ float add_t(float a, float b) {
+  return a + b;
+}
+__device__ __forceinline__ float mul_t(float a, float b) {
+  return a * b;
+}
+__device__ __forceinline__ bf16_t add_t(bf16_t a, bf16_t b) {
+  u16 r;
+  const u16 one = 0x3f80u;
+  asm("fma.rn.bf16 %0, %1, %2, %3;" : "=h"(r) : "h"(a.bits), "h"(one), "h"(b.bits));
+  return bf16_t{r};
+}
+__device__ __forceinline__ bf16_t mul_t(bf16_t a, bf16_t b) {
+  u16 r;
+  const u16 neg_zero = 0x8000u;
+  asm("fma.rn.bf16 %0, %1, %2, %3;" : "=h"(r) : "h"(a.bits), "h"(b.bits), "h"(neg_zero));
+  return bf16_t{r};
+}
+__device__ __forceinline__ f16_t add_t(f16_t a, f16_t b) {
+  u16 r;
+  asm("add.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a.bits), "h"(b.bits));
+  return f16_t{r};
+}
+__device__ __forceinline__ f16_t mul_t(f16_t a, f16_t b) {
+  u16 r;
+  asm("mul.rn.f16 %0, %1, %2;" : "=h"(r) : "h"(a.bits), "h"(b.bits));
+  return f16_t{r};
 }
 )";
 }
@@ -414,7 +445,13 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
     if (!shim::nvrtc().ok) {
       throw std::runtime_error(std::string(nvrtc_library) + " lacks NVRTC's entry points");
     }
-    const auto all = shim::qmm_sources();
+    auto all = shim::qmm_sources();
+    for (auto& s : shim::add_rms_norm_sources()) {
+      all.push_back(std::move(s));
+    }
+    for (auto& s : shim::sdpa_few_sources()) {
+      all.push_back(std::move(s));
+    }
     *compiled = 0;
     for (const auto& [key, source] : all) {
       std::string log;

@@ -259,6 +259,13 @@ shim::JitKernel& kernel(bool gathered, mx::Dtype dtype, int bits, int gs, int mm
   });
 }
 
+// Whether a weight array the kernel reads as row-contiguous is (the primitive refuses another at
+// evaluation, where nothing can be copied): known once it is evaluated, as loaded weights are; an
+// array still to be computed is taken on trust (the engine's are contiguous).
+bool rows_in_place(const mx::array& a) {
+  return !a.is_available() || a.flags().row_contiguous;
+}
+
 // The quantization and dtypes both kernels take: affine 4- or 8-bit weights in groups of 32, 64 or
 // 128 dividing K, scales and biases of x's type, x a 16-bit float, on a CUDA GPU.
 bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int gs, int bits, const std::string& mode) {
@@ -269,13 +276,14 @@ bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int
     return false;
   }
   return x.ndim() == 2 && x.shape(1) % gs == 0 && s.dtype() == x.dtype() && b->dtype() == x.dtype() &&
-         b->shape() == s.shape() && shim::jit_available();
+         b->shape() == s.shape() && rows_in_place(s) && rows_in_place(*b) && shim::jit_available();
 }
 
 // Whether the kernel takes this product: 2-D x of 1-8 rows, weights (out, in) (and suits_quant).
 bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
            const std::string& mode) {
-  if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 2 || s.ndim() != 2 || w.dtype() != mx::uint32) {
+  if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 2 || s.ndim() != 2 || w.dtype() != mx::uint32 ||
+      !rows_in_place(w)) {
     return false;
   }
   const int m = x.shape(0), k = x.shape(1), n = w.shape(0);
@@ -287,7 +295,7 @@ bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx:
 bool suits_gather(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b,
                   const mx::array& idx, int gs, int bits, const std::string& mode) {
   if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 3 || s.ndim() != 3 || w.dtype() != mx::uint32 ||
-      idx.ndim() != 2 || idx.dtype() != mx::uint32) {
+      !rows_in_place(w) || idx.ndim() != 2 || idx.dtype() != mx::uint32) {
     return false;
   }
   const int k = x.shape(1), slots = idx.shape(0) * idx.shape(1);

@@ -33,8 +33,9 @@ impl RmsNorm {
 
 /// `MLX_GEN_FUSED_NORM=1`: the residual add and the RMS norm after it as one GPU kernel (CUDA;
 /// Metal's, written to the same formula, untried). Off: on an H100 (`gpu_suite.sh fusednorm`) it
-/// rounds as MLX's two kernels do (equal log-probabilities) but decodes 1-8% slower, each call
-/// through MLX's custom-kernel API costing the host more than the two built-in kernels.
+/// rounded as MLX's two kernels do (equal log-probabilities) but decoded 1-8% slower, each call
+/// through MLX's custom-kernel API costing the host more than the two built-in kernels. It is now
+/// launched by the shim's own primitive (jit.cpp, MLX's host cost a call): to be measured again.
 fn fused_add_norm() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("MLX_GEN_FUSED_NORM").is_some_and(|v| v == "1"))

@@ -60,7 +60,8 @@ const FEW_MAX_POSITIONS: i32 = 16;
 /// products): `MLX_GEN_ATTN_KERNEL=1`. Off by default: measured (BENCHMARKS.md, 2026-12-06 third
 /// session) a Qwen3-0.6B batch step of 2 / 4 rows is 1.3-1.4x faster with it, but the server at 8
 /// and 32 streams was 0.82-0.92x on the H100 (1.11x at 32 on the H200) and a verification of 9
-/// positions slower (Llama-3.2-3B shape 11.5 against 9.8 ms a round).
+/// positions slower (Llama-3.2-3B shape 11.5 against 9.8 ms a round), then through MLX's
+/// custom-kernel API; now launched by the shim's own primitive (jit.cpp), to be measured again.
 fn few_kernel() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLX_GEN_ATTN_KERNEL").is_ok_and(|v| v == "1"))
