@@ -60,8 +60,9 @@ const char* kGatherPrologue = R"(
 
 // Constants: T (x, scales, biases, out: bf16_t or f16_t), BITS (4 or 8), GS (group size), MMAX
 // (rows the accumulators hold, M <= MMAX), R (output columns a block), THREADS (a block's threads);
-// M, K, N from the parameters or a prologue above. Weights and x are read in packs where their data start on a pack's size
-// (then every row does: K is a multiple of a pack's values), else word by word.
+// M, K, N from the parameters or a prologue above. Weights are read in packs where their data start
+// on a pack's size (then every row does: K is a multiple of a pack's values), else word by word; x
+// likewise where its values are adjacent and its rows start on a pack's size too, else one by one.
 const char* kCudaBody = R"(
   constexpr int VPW = 32 / BITS;      // values a 32-bit word
   constexpr int VPU = 4 * VPW;        // values a 16-byte pack
