@@ -55,19 +55,24 @@ struct Nvrtc {
   bool ok = false;
 };
 
+// A function of a library already in the process, by name (null where none has it).
+template <class F>
+void find(F& f, const char* name) {
+  f = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
 const Nvrtc& nvrtc() {
   static const Nvrtc n = [] {
     Nvrtc r;
-    auto sym = [](const char* name) { return dlsym(RTLD_DEFAULT, name); };
-    r.create = reinterpret_cast<Nvrtc::Create>(sym("nvrtcCreateProgram"));
-    r.compile = reinterpret_cast<Nvrtc::Compile>(sym("nvrtcCompileProgram"));
-    r.log_size = reinterpret_cast<Nvrtc::Size>(sym("nvrtcGetProgramLogSize"));
-    r.log = reinterpret_cast<Nvrtc::Get>(sym("nvrtcGetProgramLog"));
-    r.cubin_size = reinterpret_cast<Nvrtc::Size>(sym("nvrtcGetCUBINSize"));
-    r.cubin = reinterpret_cast<Nvrtc::Get>(sym("nvrtcGetCUBIN"));
-    r.ptx_size = reinterpret_cast<Nvrtc::Size>(sym("nvrtcGetPTXSize"));
-    r.ptx = reinterpret_cast<Nvrtc::Get>(sym("nvrtcGetPTX"));
-    r.destroy = reinterpret_cast<Nvrtc::Destroy>(sym("nvrtcDestroyProgram"));
+    find(r.create, "nvrtcCreateProgram");
+    find(r.compile, "nvrtcCompileProgram");
+    find(r.log_size, "nvrtcGetProgramLogSize");
+    find(r.log, "nvrtcGetProgramLog");
+    find(r.cubin_size, "nvrtcGetCUBINSize");
+    find(r.cubin, "nvrtcGetCUBIN");
+    find(r.ptx_size, "nvrtcGetPTXSize");
+    find(r.ptx, "nvrtcGetPTX");
+    find(r.destroy, "nvrtcDestroyProgram");
     r.ok = r.create && r.compile && r.log_size && r.log && r.cubin_size && r.cubin && r.ptx_size && r.ptx &&
            r.destroy;
     return r;
@@ -92,13 +97,10 @@ struct Encoder {
 const Encoder& encoder_fns() {
   static const Encoder e = [] {
     Encoder r;
-    r.get = reinterpret_cast<Encoder::Get>(dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE"));
-    r.set_input = reinterpret_cast<Encoder::SetArray>(
-        dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu14CommandEncoder15set_input_arrayERKNS0_5arrayE"));
-    r.set_output = reinterpret_cast<Encoder::SetArray>(
-        dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu14CommandEncoder16set_output_arrayERKNS0_5arrayE"));
-    r.add_node = reinterpret_cast<Encoder::AddNode>(
-        dlsym(RTLD_DEFAULT, "_ZN3mlx4core2cu14CommandEncoder19add_kernel_node_rawEP9CUfunc_st4dim3S5_S5_jPPv"));
+    find(r.get, "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE");
+    find(r.set_input, "_ZN3mlx4core2cu14CommandEncoder15set_input_arrayERKNS0_5arrayE");
+    find(r.set_output, "_ZN3mlx4core2cu14CommandEncoder16set_output_arrayERKNS0_5arrayE");
+    find(r.add_node, "_ZN3mlx4core2cu14CommandEncoder19add_kernel_node_rawEP9CUfunc_st4dim3S5_S5_jPPv");
     r.ok = r.get && r.set_input && r.set_output && r.add_node;
     return r;
   }();
@@ -111,16 +113,28 @@ struct Driver {
   using Function = int (*)(CUfunc_st**, CUmod_st*, const char*);
   Load load = nullptr;
   Function function = nullptr;
+  bool ok = false;
 };
 
 const Driver& driver() {
   static const Driver d = [] {
     Driver r;
-    r.load = reinterpret_cast<Driver::Load>(dlsym(RTLD_DEFAULT, "cuModuleLoadData"));
-    r.function = reinterpret_cast<Driver::Function>(dlsym(RTLD_DEFAULT, "cuModuleGetFunction"));
+    find(r.load, "cuModuleLoadData");
+    find(r.function, "cuModuleGetFunction");
+    r.ok = r.load && r.function;
     return r;
   }();
   return d;
+}
+
+// Whether everything a JitKernel needs is in the process: NVRTC, the CUDA driver, MLX's encoder.
+bool runtime_found() {
+  return nvrtc().ok && encoder_fns().ok && driver().ok;
+}
+
+// A kernel source as compiled: its text with KNAME defined as the function's (and module's) name.
+std::string named_source(const std::string& name, const std::string& text) {
+  return "#define KNAME " + name + "\n" + text;
 }
 
 // An array's device address (mlx/backend/cuda/utils.h's gpu_ptr: the CUDA buffer's first member is
@@ -385,15 +399,14 @@ const char* jit_type(mx::Dtype dtype) {
 }
 
 bool jit_available() {
-  return kernel_backend() == 1 && nvrtc().ok && encoder_fns().ok && driver().load != nullptr &&
-         driver().function != nullptr;
+  return kernel_backend() == 1 && runtime_found();
 }
 
 void* JitKernel::function() {
   std::lock_guard<std::mutex> held(lock_);
   if (function_ == nullptr) {
     const Driver& d = driver();
-    if (!nvrtc().ok || !encoder_fns().ok || d.load == nullptr || d.function == nullptr) {
+    if (!runtime_found()) {
       throw std::runtime_error("NVRTC, the CUDA driver or MLX's CUDA encoder is not in the process: the kernel " + name_ +
                                " cannot run");
     }
@@ -430,7 +443,7 @@ JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>
   if (slot == nullptr) {
     const std::string text = source();
     std::string name = kernel_name(key, text);
-    slot = new JitKernel(name, "#define KNAME " + name + "\n" + text);
+    slot = new JitKernel(name, named_source(name, text));
   }
   return *slot;
 }
@@ -455,7 +468,7 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
     *compiled = 0;
     for (const auto& [key, source] : all) {
       std::string log;
-      if (shim::compile(key, "#define KNAME " + key + "\n" + source, std::string("-arch=sm_") + arch, log).empty()) {
+      if (shim::compile(key, shim::named_source(key, source), std::string("-arch=sm_") + arch, log).empty()) {
         throw std::runtime_error("NVRTC failed to compile " + key + ": " + log);
       }
       ++*compiled;

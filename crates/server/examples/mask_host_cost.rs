@@ -34,6 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             wordy[i as usize] = text.chars().all(|ch| ch.is_ascii_alphabetic() || ch == '\u{120}');
         }
     }
+    // Inside the string a word (the widest mask), else the first token allowed (the structure).
+    let pick = |words: &[u32]| -> Option<u32> {
+        let allowed = |t: &u32| bit_is_set(words, *t) && !eos.contains(t);
+        (1000..vocab as u32).filter(|t| wordy[*t as usize]).find(allowed).or_else(|| (0..vocab as u32).find(allowed))
+    };
     let schema = serde_json::json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]});
     let t0 = Instant::now();
     let mut first = cs.compile(&Grammar::JsonSchema(schema.clone()))?;
@@ -45,9 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (mut mask_s, mut commit_s, mut steps) = (0.0, 0.0, 0);
         let mut words = c.allowed_bits(vocab)?;
         for _ in 0..tokens {
-            // Inside the string a word (the widest mask), else the first token allowed (the structure).
-            let allowed = |t: &u32| bit_is_set(&words, *t) && !eos.contains(t);
-            let Some(t) = (1000..vocab as u32).filter(|t| wordy[*t as usize]).find(allowed).or_else(|| (0..vocab as u32).find(allowed)) else { break };
+            let Some(t) = pick(&words) else { break };
             let t1 = Instant::now();
             c.commit(t)?;
             let t2 = Instant::now();
@@ -66,14 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut words: Vec<Vec<u32>> = cs8.iter_mut().map(|c| c.allowed_bits(vocab)).collect::<Result<_, _>>()?;
     let (mut total, mut steps) = (0.0, 0);
     for _ in 0..tokens {
-        let picks: Option<Vec<u32>> = words
-            .iter()
-            .map(|w| {
-                let allowed = |t: &u32| bit_is_set(w, *t) && !eos.contains(t);
-                (1000..vocab as u32).filter(|t| wordy[*t as usize]).find(allowed).or_else(|| (0..vocab as u32).find(allowed))
-            })
-            .collect();
-        let Some(picks) = picks else { break };
+        let Some(picks) = words.iter().map(|w| pick(w)).collect::<Option<Vec<u32>>>() else { break };
         let t0 = Instant::now();
         let masks = if std::env::var("SERIAL").is_ok() {
             cs8.iter_mut().zip(picks).map(|(c, t)| { c.commit(t)?; c.allowed_bits(vocab).map(Some) }).collect::<Result<Vec<_>, _>>()?
