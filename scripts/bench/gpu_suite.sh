@@ -37,6 +37,8 @@
 #                       1/8/32 rows on both dense shapes, a verification round; the server's figures are `serving`'s),
 #                       MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
+#   gpu_suite.sh pgemm  prefill's products: MLX's quantized product against dequantize + cuBLAS (prefill_gemm.py), then
+#                       MLX_GEN_PREFILL_GEMM=${PG:-64} against unset: tokens, prefill and decode (issue 22 item 2)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
 #                       and 2-7 rows padded to 8; then the engine's batch step at 1-8 and 32 rows
 #   gpu_suite.sh qmmk   our few-row quantized product and few-position attention against MLX's: error, time, then
@@ -248,9 +250,12 @@ moe)
 hybrid)
   # Issue 18's hybrid shapes (gated DeltaNet + full attention), both tools under MLX_MAX_OPS_PER_BUFFER=80,
   # 3 alternating rounds at prompt 512 and 4096. KEEP=1 keeps the folder.
+  # The MoE shape's routers and shared-expert gates are 8-bit by qwen3_5's quant_predicate, which MLX 0.32.4's CUDA
+  # wheel cannot multiply for a prompt (see `moe`): that shape is made with every layer in 4 bits.
   s=${SHAPE:-qwen3.5-9b}
   d=$models/$s-4bit-bfloat16
-  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 >/dev/null
+  uni=(); [ "$s" != qwen3.5-35b-a3b ] || uni=(--uniform)
+  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 "${uni[@]}" >/dev/null
   for p in ${PROMPTS:-512 4096}; do
     rounds=${ROUNDS:-3}; [ "$p" -lt 4096 ] || rounds=${ROUNDS_4096:-$rounds}
     MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
@@ -379,6 +384,34 @@ print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')
     for r in 1 2 3; do
       for f in 0 1; do
         echo "== $s round $r MLX_GEN_FUSED_NORM=$f: $(MLX_GEN_FUSED_NORM=$f MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+      done
+    done
+  done
+  ;;
+pgemm)
+  # Prefill's products (issue 22 item 2: prefill >= 1.5x mlx-lm's): MLX's quantized product against the weight
+  # dequantized and multiplied by cuBLAS, by rows (prefill_gemm.py); then greedy tokens and log-probabilities with
+  # MLX_GEN_PREFILL_GEMM=${PG:-64} (chunks of that many rows or more take the dequantized product) against unset,
+  # and prefill / decode alternating, 3 rounds, prompt 512 and 2048 (PG_SHAPES, PG_PROMPTS), same MLX settings.
+  # PG_PROBE=0 skips the products' probe (a MoE shape made by `hybrid` / `moe` with KEEP=1 is taken as it is).
+  pg=${PG:-64}
+  [ "${PG_PROBE:-1}" = 0 ] || python3 bench/prefill_gemm.py
+  for s in ${PG_SHAPES:-llama-3.2-3b qwen3-0.6b}; do
+    d=$(shape_dir "$s")
+    for g in "" "$pg"; do
+      MLX_GEN_PREFILL_GEMM=$g ./mlx-gen generate --model "$d" --prompt "$(python3 -c "print(' '.join(['The history of the city'] * 60))")" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/pg${g:-0}.json"
+    done
+    echo "== $s dequantized prefill against MLX's product: $(python3 -c "
+import json; a, b = (json.load(open(f'/tmp/pg{f}.json')) for f in ('0', '$pg'))
+n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
+d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
+print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')")"
+    for p in ${PG_PROMPTS:-512 2048}; do
+      for r in 1 2 3; do
+        for g in "" "$pg"; do
+          echo "== $s p$p round $r MLX_GEN_PREFILL_GEMM=${g:-unset}: $(MLX_GEN_PREFILL_GEMM=$g MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 64 -n 2 --json | med)"
+        done
       done
     done
   done

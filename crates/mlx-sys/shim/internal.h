@@ -148,9 +148,10 @@ const char* jit_type(mx::Dtype dtype);
 bool jit_available();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
 // gathered products (qmm.cpp), the residual add with the RMS norm (norm.cpp), attention of a few
-// query positions (attention.cpp).
+// query positions (attention.cpp), the gated-delta recurrence (recurrent.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
 std::vector<std::pair<std::string, std::string>> add_rms_norm_sources();
 std::vector<std::pair<std::string, std::string>> sdpa_few_sources();
+std::vector<std::pair<std::string, std::string>> gated_delta_sources();
 
 }  // namespace shim

@@ -465,6 +465,9 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
     for (auto& s : shim::sdpa_few_sources()) {
       all.push_back(std::move(s));
     }
+    for (auto& s : shim::gated_delta_sources()) {
+      all.push_back(std::move(s));
+    }
     *compiled = 0;
     for (const auto& [key, source] : all) {
       std::string log;

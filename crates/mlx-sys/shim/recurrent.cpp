@@ -1,13 +1,17 @@
 // mlx-gen's C ABI for recurrent (linear-attention) layers: the short causal convolution, and the
 // compiled pieces of mlx-lm's gated_delta.py and activations.py, written operation for operation
-// as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless).
+// as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless); the
+// recurrence as one kernel (Metal: MLX's metal_kernel; CUDA: one of ours, jit.cpp, where NVRTC is
+// found, else MLX's cuda_kernel).
 #include "internal.h"
 
 #include <mlx/mlx.h>
 
 #include <cstdlib>
 #include <functional>
+#include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -126,6 +130,102 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
 )";
 }
 
+// CUDA's kernel as one of ours (jit.cpp: compiled once, launched by our primitive, which costs the host
+// less a call than MLX's cuda_kernel, and reads its inputs through their strides, so the projections'
+// slices need no copies): the same arithmetic as delta_kernel_body's, written header-free. Inputs q, k
+// (type TQ), v (TV), g (TG), beta (TB), state_in (StT), mask (bool) when MASKED, each strided (B, T, H, D) /
+// (B, T, H) / (B, Hv, Dv, Dk) / (B, T); outputs y (B, T, Hv, Dv) in TQ and state_out (B, Hv, Dv, Dk) in
+// StT, row-contiguous; the scalar T. A block is 32 lanes x 4 value rows.
+std::string delta_jit_source(const char* tq, const char* tv, const char* tg, const char* tb, const char* st,
+                             int dk, int dv, int hk, int hv, bool masked, bool exact) {
+  auto mul = [&](const std::string& a, const std::string& b) { return exact ? "__fmul_rn(" + a + ", " + b + ")" : a + " * " + b; };
+  auto add = [&](const std::string& a, const std::string& b) { return exact ? "__fadd_rn(" + a + ", " + b + ")" : a + " + " + b; };
+  auto sub = [&](const std::string& a, const std::string& b) { return exact ? "__fsub_rn(" + a + ", " + b + ")" : "(" + a + " - " + b + ")"; };
+  auto n = [](int v) { return std::to_string(v); };
+  std::string mask_param = masked ? "const bool* mask, " : "";
+  std::string mask_strides = masked ? ", int ms0, int ms1" : "";
+  std::string keep = masked ? "mask[b_idx * ms0 + t * ms1]" : "true";
+  return std::string(shim::jit_prelude()) + "using TQ = " + tq + ";\nusing TV = " + tv + ";\nusing TG = " + tg +
+         ";\nusing TB = " + tb + ";\nusing StT = " + st + ";\nconstexpr int Dk = " + n(dk) + ", Dv = " + n(dv) +
+         ", Hk = " + n(hk) + ", Hv = " + n(hv) +
+         ";\nextern \"C\" __global__ void __launch_bounds__(128) KNAME(const TQ* q, const TQ* k, const TV* v, "
+         "const TG* g, const TB* beta, const StT* state_in, " + mask_param +
+         "TQ* y, StT* state_out, int T, int qs0, int qs1, int qs2, int qs3, int ks0, int ks1, int ks2, int ks3, "
+         "int vs0, int vs1, int vs2, int vs3, int gs0, int gs1, int gs2, int bs0, int bs1, int bs2, int ss0, "
+         "int ss1, int ss2, int ss3" + mask_strides + R"() {
+  const int n = blockIdx.z;
+  const int b_idx = n / Hv;
+  const int hv_idx = n % Hv;
+  const int hk_idx = hv_idx / (Hv / Hk);
+  constexpr int n_per_t = Dk / 32;
+  const int dk_idx = threadIdx.x;
+  const int dv_idx = blockIdx.y * blockDim.y + threadIdx.y;
+  if (dv_idx >= Dv) { return; }
+  const TQ* q_ = q + (long long)b_idx * qs0 + (long long)hk_idx * qs2;
+  const TQ* k_ = k + (long long)b_idx * ks0 + (long long)hk_idx * ks2;
+  const TV* v_ = v + (long long)b_idx * vs0 + (long long)hv_idx * vs2 + (long long)dv_idx * vs3;
+  TQ* y_ = y + ((long long)b_idx * T * Hv + hv_idx) * Dv + dv_idx;
+  const StT* i_state = state_in + (long long)b_idx * ss0 + (long long)hv_idx * ss1 + (long long)dv_idx * ss2;
+  StT* o_state = state_out + ((long long)n * Dv + dv_idx) * Dk;
+  float st[n_per_t];
+  for (int i = 0; i < n_per_t; ++i) {
+    st[i] = to_f(i_state[(long long)(n_per_t * dk_idx + i) * ss3]);
+  }
+  const TG* g_ = g + (long long)b_idx * gs0 + (long long)hv_idx * gs2;
+  const TB* beta_ = beta + (long long)b_idx * bs0 + (long long)hv_idx * bs2;
+  for (int t = 0; t < T; ++t) {
+    if ()" + keep + R"() {
+      float kv_mem = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        const int s_idx = (n_per_t * dk_idx + i);
+        st[i] = )" + mul("st[i]", "to_f(*g_)") + R"(;
+        kv_mem = )" + add("kv_mem", mul("st[i]", "to_f(k_[s_idx * ks3])")) + R"(;
+      }
+      for (int o = 16; o > 0; o /= 2) { kv_mem += __shfl_xor_sync(0xffffffff, kv_mem, o); }
+      const float delta = )" + mul(sub("to_f(*v_)", "kv_mem"), "to_f(*beta_)") + R"(;
+      float out = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        const int s_idx = (n_per_t * dk_idx + i);
+        st[i] = )" + add("st[i]", mul("to_f(k_[s_idx * ks3])", "delta")) + R"(;
+        out = )" + add("out", mul("st[i]", "to_f(q_[s_idx * qs3])")) + R"(;
+      }
+      for (int o = 16; o > 0; o /= 2) { out += __shfl_xor_sync(0xffffffff, out, o); }
+      if (dk_idx == 0) { *y_ = from_f<TQ>(out); }
+    } else if (dk_idx == 0) {
+      *y_ = from_f<TQ>(0.0f);
+    }
+    q_ += qs1;
+    k_ += ks1;
+    v_ += vs1;
+    y_ += Hv * Dv;
+    g_ += gs1;
+    beta_ += bs1;
+  }
+  for (int i = 0; i < n_per_t; ++i) {
+    o_state[n_per_t * dk_idx + i] = from_f<StT>(st[i]);
+  }
+}
+)";
+}
+
+// The variant's key: the types, sizes, mask and rounding.
+std::string delta_jit_variant(const char* tq, const char* tv, const char* tg, const char* tb, const char* st, int dk,
+                              int dv, int hk, int hv, bool masked, bool exact) {
+  char key[192];
+  std::snprintf(key, sizeof key, "mlxgen_gated_delta_%s_%s_%s_%s_%s_k%d_v%d_h%d_%d%s%s", tq, tv, tg, tb, st, dk, dv,
+                hk, hv, masked ? "_mask" : "", exact ? "_exact" : "");
+  return key;
+}
+
+// Whether the recurrence's rounding is MLX_GEN_GDN_NOFMA's (each product and sum rounded on its own).
+bool nofma() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_GEN_GDN_NOFMA");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 // The kernel for this backend (built once per variant, never destroyed).
 const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
   static const mx::fast::CustomKernelFunction* kernels[2] = {nullptr, nullptr};
@@ -136,8 +236,7 @@ const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
       inputs.push_back("mask");
     }
     bool cuda = shim::kernel_backend() == 1;
-    const char* nofma = std::getenv("MLX_GEN_GDN_NOFMA");
-    bool exact = cuda && nofma != nullptr && std::string(nofma) == "1";
+    bool exact = cuda && nofma();
     std::string body = delta_kernel_body(cuda, masked, exact);
     std::string name = shim::kernel_name(masked ? "mlxgen_gated_delta_mask" : "mlxgen_gated_delta", body);
     slot = new mx::fast::CustomKernelFunction(
@@ -148,6 +247,18 @@ const mx::fast::CustomKernelFunction& delta_kernel(bool masked) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> shim::gated_delta_sources() {
+  // Qwen3.5's 16 key / 32 value heads of 128 (bfloat16, a float32 state and decay), masked and not, and
+  // MLX_GEN_GDN_NOFMA's rounding; Qwen3-Next's 16 / 32 in float16.
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [t, g, masked, exact] : {std::tuple{"bf16_t", "float", false, false}, std::tuple{"bf16_t", "float", true, false},
+                                            std::tuple{"bf16_t", "float", false, true}, std::tuple{"f16_t", "f16_t", true, false}}) {
+    out.emplace_back(delta_jit_variant(t, t, g, t, "float", 128, 128, 16, 32, masked, exact),
+                     delta_jit_source(t, t, g, t, "float", 128, 128, 16, 32, masked, exact));
+  }
+  return out;
+}
 
 int mlxs_gated_delta_kernel_available(void) {
   return shim::kernel_backend() != 0 ? 1 : 0;
@@ -168,6 +279,23 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
     std::vector<mx::array> in{qa, ka, va, arr(g), arr(beta), st};
     if (mask != nullptr) {
       in.push_back(arr(mask));
+    }
+    const bool masked = mask != nullptr;
+    const mx::Shape per_head{b, qa.shape(1), hv};
+    if (shim::kernel_backend() == 1 && shim::jit_available() && in[3].shape() == per_head &&
+        in[4].shape() == per_head && (!masked || in[6].shape() == mx::Shape{b, qa.shape(1)})) {
+      const char *tq = shim::jit_type(qa.dtype()), *tv = shim::jit_type(va.dtype()),
+                 *tg = shim::jit_type(in[3].dtype()), *tb = shim::jit_type(in[4].dtype()),
+                 *ts = shim::jit_type(st.dtype());
+      const bool exact = nofma();
+      auto& kernel = shim::jit_kernel(delta_jit_variant(tq, tv, tg, tb, ts, dk, dv, hk, hv, masked, exact),
+                                      [&] { return delta_jit_source(tq, tv, tg, tb, ts, dk, dv, hk, hv, masked, exact); });
+      auto outs = kernel.launch(in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {qa.shape(1)},
+                                std::vector<bool>(in.size(), true), {1, unsigned((dv + 3) / 4), unsigned(b * hv)},
+                                {32, 4, 1});
+      *y = wrap(outs[0]);
+      *state_out = wrap(outs[1]);
+      return;
     }
     auto outs = delta_kernel(mask != nullptr)(
         in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {32, dv, b * hv}, {32, 4, 1},

@@ -175,6 +175,22 @@ impl Quantized {
         (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && self.matrix_elements() >= min_elements
     }
 
+    /// Whether the product of x (..., in) by this (out, in) weight (or these stacked experts') is
+    /// cheaper as the weight dequantized to x's type and multiplied by the device's dense product
+    /// (cuBLAS, or a grouped product for experts, on a CUDA GPU): a prompt's chunk of
+    /// `MLX_GEN_PREFILL_GEMM` rows or more, affine weights, a CUDA GPU. Off unless set, until
+    /// measured against MLX's quantized products (`prefill_gemm.py`, `gpu_suite.sh pgemm`).
+    pub fn dequantized_pays(&self, x: &mlx::Array) -> bool {
+        static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let min_rows = *ROWS.get_or_init(|| {
+            let rows = std::env::var("MLX_GEN_PREFILL_GEMM").ok()?.parse::<usize>().ok().filter(|&r| r > 0)?;
+            mlx::fast::qmm_rows_available().then_some(rows)
+        });
+        min_rows.is_some_and(|m| x.size() / x.dim(-1).max(1) as usize >= m)
+            && self.spec.mode == QuantMode::Affine
+            && !crate::nn::sdpa::mlx_kernels_only()
+    }
+
     /// The values of one (out, in) matrix (an expert's, when stacked).
     fn matrix_elements(&self) -> i64 {
         i64::from(self.weight.dim(-2)) * i64::from(self.weight.dim(-1)) * 32 / i64::from(self.spec.bits)
@@ -234,6 +250,10 @@ impl Quantized {
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
         if self.weight.ndim() != 2 || x.ndim() == 0 {
             return self.matmul(x, true);
+        }
+        if self.dequantized_pays(x) {
+            let w = mlx::ops::dequantize(&self.weight, &self.scales, self.biases.as_ref(), self.spec)?; // (out, in)
+            return Ok(x.matmul(&w.t()?)?); // (..., out)
         }
         let few = self.few_rows_pays(x) && !crate::nn::sdpa::mlx_kernels_only();
         if x.ndim() <= 2 && !few {
