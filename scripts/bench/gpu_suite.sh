@@ -39,6 +39,8 @@
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh pgemm  prefill's products: MLX's quantized product against dequantize + cuBLAS (prefill_gemm.py), then
 #                       MLX_GEN_PREFILL_GEMM=${PG:-64} against unset: tokens, prefill and decode (issue 22 item 2)
+#   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive against MLX's cuda_kernel (MLX_GEN_GDN_JIT=0):
+#                       tokens (bit for bit expected), decode and prefill (GDN_SHAPES, issue 18)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
 #                       and 2-7 rows padded to 8; then the engine's batch step at 1-8 and 32 rows
 #   gpu_suite.sh qmmk   our few-row quantized product and few-position attention against MLX's: error, time, then
@@ -412,6 +414,28 @@ print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')
         for g in "" "$pg"; do
           echo "== $s p$p round $r MLX_GEN_PREFILL_GEMM=${g:-unset}: $(MLX_GEN_PREFILL_GEMM=$g MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 64 -n 2 --json | med)"
         done
+      done
+    done
+  done
+  ;;
+gdnjit)
+  # The gated-delta recurrence launched by our primitive (jit.cpp) against MLX's cuda_kernel (MLX_GEN_GDN_JIT=0):
+  # greedy tokens and log-probabilities (the same arithmetic: equal means bit for bit), then decode and prefill
+  # alternating, 3 rounds, prompt 512 (GDN_SHAPES: a shape `hybrid` kept with KEEP=1 is taken as it is).
+  for s in ${GDN_SHAPES:-qwen3.5-9b}; do
+    d=$(shape_dir "$s")
+    for j in 0 1; do
+      MLX_GEN_GDN_JIT=$j ./mlx-gen generate --model "$d" --prompt "The capital of France is" -m 64 --temp 0 \
+        --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/gdn$j.json"
+    done
+    echo "== $s our recurrence launch against MLX's cuda_kernel: $(python3 -c "
+import json; a, b = (json.load(open(f'/tmp/gdn{f}.json')) for f in (0, 1))
+n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
+d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
+print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')")"
+    for r in 1 2 3; do
+      for j in 0 1; do
+        echo "== $s round $r MLX_GEN_GDN_JIT=$j: $(MLX_GEN_GDN_JIT=$j MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
       done
     done
   done

@@ -217,6 +217,16 @@ std::string delta_jit_variant(const char* tq, const char* tv, const char* tg, co
   return key;
 }
 
+// Whether CUDA's recurrence is ours (jit.cpp) where it can run: MLX_GEN_GDN_JIT=0 keeps MLX's cuda_kernel (the
+// same arithmetic, for comparing the two launches on a GPU).
+bool jit_recurrence() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_GEN_GDN_JIT");
+    return (v == nullptr || std::string(v) != "0") && shim::jit_available();
+  }();
+  return on;
+}
+
 // Whether the recurrence's rounding is MLX_GEN_GDN_NOFMA's (each product and sum rounded on its own).
 bool nofma() {
   static const bool on = [] {
@@ -282,7 +292,7 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
     }
     const bool masked = mask != nullptr;
     const mx::Shape per_head{b, qa.shape(1), hv};
-    if (shim::kernel_backend() == 1 && shim::jit_available() && in[3].shape() == per_head &&
+    if (shim::kernel_backend() == 1 && jit_recurrence() && in[3].shape() == per_head &&
         in[4].shape() == per_head && (!masked || in[6].shape() == mx::Shape{b, qa.shape(1)})) {
       const char *tq = shim::jit_type(qa.dtype()), *tv = shim::jit_type(va.dtype()),
                  *tg = shim::jit_type(in[3].dtype()), *tb = shim::jit_type(in[4].dtype()),
