@@ -263,7 +263,8 @@ hybrid)
     MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
         -p $p -g 256 -n 2 --rounds $rounds --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_${s}_p$p.json"
   done
-  echo "== mlx-gen, the recurrence one compiled step per position (MLX_GEN_GDN_KERNEL=0), -p 512:" \
+  # GDN0=0 skips the run without the kernel (the 9B's figure is in BENCHMARKS.md).
+  [ "${GDN0:-1}" = 0 ] || echo "== mlx-gen, the recurrence one compiled step per position (MLX_GEN_GDN_KERNEL=0), -p 512:" \
        "$(MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_GDN_KERNEL=0 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
   [ -n "${KEEP:-}" ] || rm -rf "$models/$s-4bit-bfloat16"
   ;;
