@@ -222,6 +222,11 @@ round)
   echo "== the same, verification not padded (MLX_GEN_VERIFY_PAD=1): 5 positions instead of 8"
   MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   MLX_GEN_TRACE=1 MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 128 -n 1 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  echo "== the same, not padded, every weight's 5 rows through the few-row kernel (MLX_GEN_QMM_KERNEL=all)"
+  MLX_GEN_QMM_KERNEL=all MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  MLX_GEN_TRACE=1 MLX_GEN_QMM_KERNEL=all MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 128 -n 1 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  echo "== plain decoding with every weight through the kernel, for the step's cost"
+  MLX_GEN_QMM_KERNEL=all b --model "$d3" -p 128 -g 256
   for d in "$d06" "$d3"; do
     echo "== $(basename "$d") prompt lookup 3, K=4, code-editing prompt, pipelined rounds (MLX_GEN_SPEC_PIPELINE=1), every round"
     MLX_GEN_SPEC_PIPELINE=1 b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens 4 --always-speculate
