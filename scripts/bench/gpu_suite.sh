@@ -77,6 +77,13 @@ models=${MODELS:-/tmp/models}
 section=${1:-perf}
 # MLX's CUDA backend commits a CUDA graph every MLX_MAX_OPS_PER_BUFFER operations (default 20).
 tuned=$(cat /tmp/mlxgen-tuned-env 2>/dev/null || echo "")
+# How far two `generate --output json --logprobs` runs (files $1, $2) agree: equal tokens, then the largest
+# log-probability difference over them.
+same_tokens() { python3 -c "
+import json, sys; a, b = (json.load(open(f)) for f in sys.argv[1:3])
+n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
+d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
+print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')" "$1" "$2"; }
 med() { python3 -c "import json,sys; d=json.loads(sys.stdin.read().strip().splitlines()[-1]); m=d['median']; print(f\"ttft {m['ttft_s']*1000:.1f} ms, prefill {m['prompt_tps']:.0f} tok/s, decode {m['generation_tps']:.1f} tok/s, peak {m['peak_memory_gb']:.3f} GB\")"; }
 # A decode step's time split (graph building, MLX's queueing, waiting) in both tools, same MLX settings.
 step_split() {
@@ -381,11 +388,7 @@ fusednorm)
       MLX_GEN_FUSED_NORM=$f ./mlx-gen generate --model "$d" --prompt "The capital of France is" -m 64 --temp 0 \
         --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/fn$f.json"
     done
-    echo "== $(basename "$d") fused norm against MLX's two kernels: $(python3 -c "
-import json; a, b = (json.load(open(f'/tmp/fn{f}.json')) for f in (0, 1))
-n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
-d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
-print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')")"
+    echo "== $(basename "$d") fused norm against MLX's two kernels: $(same_tokens /tmp/fn0.json /tmp/fn1.json)"
   done
   for s in ${FN_SHAPES:-qwen3-0.6b llama-3.2-3b qwen2.5-7b}; do
     d=$(shape_dir "$s")
@@ -410,11 +413,7 @@ pgemm)
       MLX_GEN_PREFILL_GEMM=$g ./mlx-gen generate --model "$d" --prompt "$(python3 -c "print(' '.join(['The history of the city'] * 60))")" \
         -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/pg${g:-0}.json"
     done
-    echo "== $s dequantized prefill against MLX's product: $(python3 -c "
-import json; a, b = (json.load(open(f'/tmp/pg{f}.json')) for f in ('0', '$pg'))
-n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
-d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
-print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')")"
+    echo "== $s dequantized prefill against MLX's product: $(same_tokens /tmp/pg0.json /tmp/pg$pg.json)"
     for p in ${PG_PROMPTS:-512 2048}; do
       for r in 1 2 3; do
         for g in "" "$pg"; do
@@ -434,11 +433,7 @@ gdnjit)
       MLX_GEN_GDN_JIT=$j ./mlx-gen generate --model "$d" --prompt "The capital of France is" -m 64 --temp 0 \
         --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/gdn$j.json"
     done
-    echo "== $s our recurrence launch against MLX's cuda_kernel: $(python3 -c "
-import json; a, b = (json.load(open(f'/tmp/gdn{f}.json')) for f in (0, 1))
-n = next((i for i, (x, y) in enumerate(zip(a['tokens'], b['tokens'])) if x != y), len(a['tokens']))
-d = max((abs(x - y) for x, y in zip(a['logprobs'][:n], b['logprobs'][:n])), default=0.0)
-print(f'{n}/{len(a[\"tokens\"])} tokens equal, max log-prob difference {d:.3g}')")"
+    echo "== $s our recurrence launch against MLX's cuda_kernel: $(same_tokens /tmp/gdn0.json /tmp/gdn1.json)"
     for r in 1 2 3; do
       for j in 0 1; do
         echo "== $s round $r MLX_GEN_GDN_JIT=$j: $(MLX_GEN_GDN_JIT=$j MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
