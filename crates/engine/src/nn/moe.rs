@@ -101,13 +101,6 @@ impl SwitchLinear {
                 }
                 y
             }
-            // A prompt's rows sorted by expert, where the dense product pays (`Quantized::dequantized_pays`):
-            // every expert dequantized and MLX's gathered dense product (a grouped product on a CUDA GPU,
-            // where its gathered quantized product multiplies one row at a time).
-            SwitchKind::Quant(q) if sorted && q.dequantized_pays(x) => {
-                let w = ops::dequantize(&q.weight, &q.scales, q.biases.as_ref(), q.spec)?; // (E, out, in)
-                ops::gather_mm(x, &w.swapaxes(-1, -2)?, None, Some(indices), sorted)?
-            }
             SwitchKind::Quant(q) => {
                 ops::gather_qmm(x, &q.weight, &q.scales, q.biases.as_ref(), Some(indices), true, q.spec, sorted)?
             }

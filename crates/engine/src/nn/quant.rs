@@ -175,20 +175,24 @@ impl Quantized {
         (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && self.matrix_elements() >= min_elements
     }
 
-    /// Whether the product of x (..., in) by this (out, in) weight (or these stacked experts') is
-    /// cheaper as the weight dequantized to x's type and multiplied by the device's dense product
-    /// (cuBLAS, or a grouped product for experts, on a CUDA GPU): a prompt's chunk of
-    /// `MLX_GEN_PREFILL_GEMM` rows or more, affine weights, a CUDA GPU. Off unless set, until
-    /// measured against MLX's quantized products (`prefill_gemm.py`, `gpu_suite.sh pgemm`).
+    /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
+    /// dequantized to x's type and multiplied by the device's dense product (cuBLAS): on a CUDA
+    /// GPU, a prompt's chunk of 512+ rows whose rows x weight elements reach 4e9. Timed on an H100
+    /// (`prefill_gemm.py`, BENCHMARKS.md 2026-12-06 sixth session), MLX's tiled quantized product
+    /// runs at 90-147 TFLOPS at 512-2048 rows, the dequantized copy and cuBLAS at 150-510: Llama-3.2-3B's
+    /// 8,192 x 3,072 weight at 2,048 rows 200.9 against 699.8 us, at 512 rows 111.7 against 184.9;
+    /// below 512 rows, or for small weights at 512, MLX's is faster. From 128 rows the two gave
+    /// the same values bit for bit, so a prompt's tokens stay mlx-lm's. `MLX_GEN_PREFILL_GEMM=0`
+    /// turns it off.
     pub fn dequantized_pays(&self, x: &mlx::Array) -> bool {
-        static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        let min_rows = *ROWS.get_or_init(|| {
-            let rows = std::env::var("MLX_GEN_PREFILL_GEMM").ok()?.parse::<usize>().ok().filter(|&r| r > 0)?;
-            mlx::fast::qmm_rows_available().then_some(rows)
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| {
+            std::env::var("MLX_GEN_PREFILL_GEMM").map_or(true, |v| v != "0") && mlx::fast::qmm_rows_available()
         });
-        min_rows.is_some_and(|m| x.size() / x.dim(-1).max(1) as usize >= m)
+        let rows = (x.size() / x.dim(-1).max(1) as usize) as i64;
+        on && rows >= DEQUANT_MIN_ROWS
+            && rows.saturating_mul(self.matrix_elements()) >= DEQUANT_MIN_WORK
             && self.spec.mode == QuantMode::Affine
-            && !crate::nn::sdpa::mlx_kernels_only()
     }
 
     /// The values of one (out, in) matrix (an expert's, when stacked).
@@ -246,7 +250,8 @@ impl Quantized {
     /// for 32 rows against 60 us as one product of 32 rows. A single sequence's (1, L, in) is the
     /// same product either way. A few rows of a large weight (a decode step, a batch step, a
     /// verification) take [`mlx::fast::qmm_rows`] on a CUDA GPU ([`Quantized::few_rows_pays`]),
-    /// except in a single sequence's prompt prefill, which keeps MLX's kernels as mlx-lm.
+    /// except in a single sequence's prompt prefill, which keeps MLX's kernels as mlx-lm; a
+    /// prompt's chunk of many rows takes the dequantized weight ([`Quantized::dequantized_pays`]).
     pub fn matmul_t(&self, x: &mlx::Array) -> Result<mlx::Array> {
         if self.weight.ndim() != 2 || x.ndim() == 0 {
             return self.matmul(x, true);
@@ -291,6 +296,12 @@ fn switch() -> Switch {
         }
     })
 }
+
+/// Rows from which a product may take the dequantized weight ([`Quantized::dequantized_pays`]).
+const DEQUANT_MIN_ROWS: i64 = 512;
+/// Rows x weight elements from which it does (512 rows of a 3,072 x 3,072 weight: 4.8e9; 2,047 of
+/// a 2,048 x 1,024 one: 4.3e9; not 512 of a 1,024 x 3,072 one: 1.6e9).
+const DEQUANT_MIN_WORK: i64 = 4_000_000_000;
 
 /// Weights of this many elements or more take the few-row kernel in every model. Since the kernel
 /// is launched by a primitive of ours (the shim's jit.cpp) a call costs the host what MLX's product
