@@ -38,7 +38,7 @@
 #                       MLX_GEN_KEY_BUCKET, MLX_GEN_GDN_NOFMA's fidelity (run first)
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh pgemm  prefill's products: MLX's quantized product against dequantize + cuBLAS (prefill_gemm.py), then
-#                       MLX_GEN_PREFILL_GEMM=${PG:-64} against unset: tokens, prefill and decode (issue 22 item 2)
+#                       the dequantized prefill (default) against MLX_GEN_PREFILL_GEMM=0: tokens, prefill, decode (issue 22)
 #   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive against MLX's cuda_kernel (MLX_GEN_GDN_JIT=0):
 #                       tokens (bit for bit expected), decode and prefill (GDN_SHAPES, issue 18)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
@@ -401,23 +401,21 @@ fusednorm)
   ;;
 pgemm)
   # Prefill's products (issue 22 item 2: prefill >= 1.5x mlx-lm's): MLX's quantized product against the weight
-  # dequantized and multiplied by cuBLAS, by rows (prefill_gemm.py); then greedy tokens and log-probabilities with
-  # MLX_GEN_PREFILL_GEMM=${PG:-64} (chunks of that many rows or more take the dequantized product) against unset,
-  # and prefill / decode alternating, 3 rounds, prompt 512 and 2048 (PG_SHAPES, PG_PROMPTS), same MLX settings.
-  # PG_PROBE=0 skips the products' probe (a MoE shape made by `hybrid` / `moe` with KEEP=1 is taken as it is).
-  pg=${PG:-64}
+  # dequantized and multiplied by cuBLAS, by rows (prefill_gemm.py; PG_PROBE=0 skips it); then greedy tokens and
+  # log-probabilities with the dequantized prefill (the default on CUDA) against MLX_GEN_PREFILL_GEMM=0, and prefill /
+  # decode alternating, 3 rounds, prompt 512 and 2048 (PG_SHAPES, PG_PROMPTS), same MLX settings.
   [ "${PG_PROBE:-1}" = 0 ] || python3 bench/prefill_gemm.py
   for s in ${PG_SHAPES:-llama-3.2-3b qwen3-0.6b}; do
     d=$(shape_dir "$s")
-    for g in "" "$pg"; do
-      MLX_GEN_PREFILL_GEMM=$g ./mlx-gen generate --model "$d" --prompt "$(python3 -c "print(' '.join(['The history of the city'] * 60))")" \
-        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/pg${g:-0}.json"
+    for g in 0 1; do
+      MLX_GEN_PREFILL_GEMM=$g ./mlx-gen generate --model "$d" --prompt "$(python3 -c "print(' '.join(['The history of the city'] * 150))")" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/pg$g.json"
     done
-    echo "== $s dequantized prefill against MLX's product: $(same_tokens /tmp/pg0.json /tmp/pg$pg.json)"
+    echo "== $s dequantized prefill against MLX's product: $(same_tokens /tmp/pg0.json /tmp/pg1.json)"
     for p in ${PG_PROMPTS:-512 2048}; do
       for r in 1 2 3; do
-        for g in "" "$pg"; do
-          echo "== $s p$p round $r MLX_GEN_PREFILL_GEMM=${g:-unset}: $(MLX_GEN_PREFILL_GEMM=$g MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 64 -n 2 --json | med)"
+        for g in 0 1; do
+          echo "== $s p$p round $r MLX_GEN_PREFILL_GEMM=$g: $(MLX_GEN_PREFILL_GEMM=$g MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 64 -n 2 --json | med)"
         done
       done
     done
