@@ -1,8 +1,8 @@
 // mlx-gen's C ABI for recurrent (linear-attention) layers: the short causal convolution, and the
 // compiled pieces of mlx-lm's gated_delta.py and activations.py, written operation for operation
 // as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless); the
-// recurrence as one kernel (Metal: MLX's metal_kernel; CUDA: one of ours, jit.cpp, where NVRTC is
-// found, else MLX's cuda_kernel).
+// recurrence as one kernel (Metal: MLX's metal_kernel; CUDA: MLX's cuda_kernel, or one of ours launched
+// by jit.cpp's primitive with MLX_GEN_GDN_JIT=1).
 #include "internal.h"
 
 #include <mlx/mlx.h>
@@ -217,12 +217,13 @@ std::string delta_jit_variant(const char* tq, const char* tv, const char* tg, co
   return key;
 }
 
-// Whether CUDA's recurrence is ours (jit.cpp) where it can run: MLX_GEN_GDN_JIT=0 keeps MLX's cuda_kernel (the
-// same arithmetic, for comparing the two launches on a GPU).
+// Whether CUDA's recurrence is ours (jit.cpp): MLX_GEN_GDN_JIT=1 where it can run. Until `gpu_suite.sh gdnjit`
+// has shown its tokens equal to MLX's cuda_kernel launch of the same arithmetic (it compiles, it has not run on a
+// GPU yet), the default stays MLX's.
 bool jit_recurrence() {
   static const bool on = [] {
     const char* v = std::getenv("MLX_GEN_GDN_JIT");
-    return (v == nullptr || std::string(v) != "0") && shim::jit_available();
+    return v != nullptr && std::string(v) == "1" && shim::jit_available();
   }();
   return on;
 }
