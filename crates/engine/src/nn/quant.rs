@@ -177,13 +177,15 @@ impl Quantized {
 
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
     /// dequantized to x's type and multiplied by the device's dense product (cuBLAS): on a CUDA
-    /// GPU, a prompt's chunk of 512+ rows whose rows x weight elements reach 4e9. Timed on an H100
+    /// GPU, a prompt's chunk of 1,024+ rows whose rows x weight elements reach 4e9. Timed on an H100
     /// (`prefill_gemm.py`, BENCHMARKS.md 2026-12-06 sixth session), MLX's tiled quantized product
     /// runs at 90-147 TFLOPS at 512-2048 rows, the dequantized copy and cuBLAS at 150-510: Llama-3.2-3B's
     /// 8,192 x 3,072 weight at 2,048 rows 200.9 against 699.8 us, at 512 rows 111.7 against 184.9;
     /// below 512 rows, or for small weights at 512, MLX's is faster. From 128 rows the two gave
-    /// the same values bit for bit, so a prompt's tokens stay mlx-lm's. `MLX_GEN_PREFILL_GEMM=0`
-    /// turns it off.
+    /// the same values bit for bit, so a prompt's tokens stay mlx-lm's. Each dequantized weight is
+    /// a transient (Llama-3.2-3B: about 200 MB a layer, held while the layers queued ahead run):
+    /// from 1,024 rows, where the products gain 2x and more, not at a 512-token prompt, whose
+    /// peak is 0.77x mlx-lm's today against issue 22's 0.8x. `MLX_GEN_PREFILL_GEMM=0` turns it off.
     pub fn dequantized_pays(&self, x: &mlx::Array) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let on = *ON.get_or_init(|| {
@@ -298,9 +300,9 @@ fn switch() -> Switch {
 }
 
 /// Rows from which a product may take the dequantized weight ([`Quantized::dequantized_pays`]).
-const DEQUANT_MIN_ROWS: i64 = 512;
-/// Rows x weight elements from which it does (512 rows of a 3,072 x 3,072 weight: 4.8e9; 2,047 of
-/// a 2,048 x 1,024 one: 4.3e9; not 512 of a 1,024 x 3,072 one: 1.6e9).
+const DEQUANT_MIN_ROWS: i64 = 1024;
+/// Rows x weight elements from which it does (2,047 rows of a 2,048 x 1,024 weight: 4.3e9, 1.5x
+/// faster at 2,048 rows; not 1,024 of a 1,024 x 3,072 one: 3.2e9).
 const DEQUANT_MIN_WORK: i64 = 4_000_000_000;
 
 /// Weights of this many elements or more take the few-row kernel in every model. Since the kernel
