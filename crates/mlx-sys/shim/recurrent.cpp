@@ -7,9 +7,9 @@
 
 #include <mlx/mlx.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -50,30 +50,69 @@ std::vector<mx::array> delta_step(const std::vector<mx::array>& in) {
   return {mx::astype(y, q.dtype()), state};
 }
 
+// How a kernel's source reads one position's inputs as floats (k and q at element s_idx), sums over its lanes
+// and stores y's element (a float expression in, a statement out): the two kernels below differ only there.
+struct DeltaAccess {
+  std::string g, v, beta, k, q, reduce_kv, reduce_out;
+  std::function<std::string(const std::string&)> store;
+};
+
+// One position of the recurrence, the arithmetic both kernels share (the order of its operations decides
+// bit-parity): the decay, the two dot products over Dk (lane sums, then a warp reduction), the delta and the
+// readout; positions where `keep` is false write a zero. `exact` (CUDA, MLX_GEN_GDN_NOFMA=1): every product and
+// sum rounded on its own (__fmul_rn, __fadd_rn), as the per-position operations round them, instead of the
+// products fused into FMAs; an experiment towards mlx-lm's CUDA tokens (the lanes' summation order stays the
+// kernel's).
+std::string delta_position(const DeltaAccess& a, const std::string& keep, bool exact) {
+  auto mul = [&](const std::string& x, const std::string& y) { return exact ? "__fmul_rn(" + x + ", " + y + ")" : x + " * " + y; };
+  auto add = [&](const std::string& x, const std::string& y) { return exact ? "__fadd_rn(" + x + ", " + y + ")" : x + " + " + y; };
+  auto sub = [&](const std::string& x, const std::string& y) { return exact ? "__fsub_rn(" + x + ", " + y + ")" : "(" + x + " - " + y + ")"; };
+  return R"(
+    if ()" + keep + R"() {
+      float kv_mem = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        const int s_idx = n_per_t * dk_idx + i;
+        st[i] = )" + mul("st[i]", a.g) + R"(;
+        kv_mem = )" + add("kv_mem", mul("st[i]", a.k)) + R"(;
+      }
+      )" + a.reduce_kv + R"(
+      const float delta = )" + mul(sub(a.v, "kv_mem"), a.beta) + R"(;
+      float out = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        const int s_idx = n_per_t * dk_idx + i;
+        st[i] = )" + add("st[i]", mul(a.k, "delta")) + R"(;
+        out = )" + add("out", mul("st[i]", a.q)) + R"(;
+      }
+      )" + a.reduce_out + R"(
+      if (dk_idx == 0) { )" + a.store("out") + R"( }
+    } else if (dk_idx == 0) {
+      )" + a.store("0.0f") + R"(
+    })";
+}
+
+// The lanes' sum of `v` in a CUDA warp.
+std::string warp_sum(const std::string& v) {
+  return "for (int o = 16; o > 0; o /= 2) { " + v + " += __shfl_xor_sync(0xffffffff, " + v + ", o); }";
+}
+
 // The whole recurrence of a layer over T positions in one GPU kernel: one warp (SIMD group) per
-// (batch row, value head, value row), each lane holding Dk/32 of the row's state in registers;
-// per position the decay, the two dot products over Dk (lane sums, then a warp reduction), the
-// delta and the readout. It is mlx-lm's Metal kernel (`_make_gated_delta_kernel` in gated_delta.py)
-// with T read from q's shape; q and k are per key head (no repeat: hk = hv / (Hv / Hk)).
+// (batch row, value head, value row), each lane holding Dk/32 of the row's state in registers, a
+// position at a time (delta_position). It is mlx-lm's Metal kernel (`_make_gated_delta_kernel` in
+// gated_delta.py) with T read from q's shape; q and k are per key head (no repeat: hk = hv / (Hv / Hk)).
 // Inputs: q, k (B, T, Hk, Dk); v (B, T, Hv, Dv); g, beta (B, T, Hv); state_in (B, Hv, Dv, Dk);
 // mask (B, T) when MASKED. Outputs: y (B, T, Hv, Dv) in q's dtype, state_out like state_in.
-// `exact` (CUDA, MLX_GEN_GDN_NOFMA=1): every product and sum rounded on its own (__fmul_rn, __fadd_rn),
-// as the per-position operations round them, instead of the products fused into FMAs; an experiment
-// towards mlx-lm's CUDA tokens (the lanes' summation order stays the kernel's).
 std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
-  auto mul = [&](const std::string& a, const std::string& b) { return exact ? "__fmul_rn(" + a + ", " + b + ")" : a + " * " + b; };
-  auto add = [&](const std::string& a, const std::string& b) { return exact ? "__fadd_rn(" + a + ", " + b + ")" : a + " + " + b; };
-  auto sub = [&](const std::string& a, const std::string& b) { return exact ? "__fsub_rn(" + a + ", " + b + ")" : "(" + a + " - " + b + ")"; };
   std::string lane = cuda ? "threadIdx.x" : "thread_position_in_threadgroup.x";
   std::string row = cuda ? "(blockIdx.y * blockDim.y + threadIdx.y)" : "thread_position_in_grid.y";
   std::string head = cuda ? "blockIdx.z" : "thread_position_in_grid.z";
-  std::string reduce = cuda
-      ? "for (int o = 16; o > 0; o /= 2) { kv_mem += __shfl_xor_sync(0xffffffff, kv_mem, o); }"
-      : "kv_mem = simd_sum(kv_mem);";
-  std::string reduce_out = cuda
-      ? "for (int o = 16; o > 0; o /= 2) { out += __shfl_xor_sync(0xffffffff, out, o); }"
-      : "out = simd_sum(out);";
-  std::string keep = masked ? "mask[b_idx * T + t]" : "true";
+  DeltaAccess a{"static_cast<float>(g_[hv_idx])",
+                "static_cast<float>(v_[dv_idx])",
+                "static_cast<float>(beta_[hv_idx])",
+                "static_cast<float>(k_[s_idx])",
+                "static_cast<float>(q_[s_idx])",
+                cuda ? warp_sum("kv_mem") : "kv_mem = simd_sum(kv_mem);",
+                cuda ? warp_sum("out") : "out = simd_sum(out);",
+                [](const std::string& f) { return "y_[dv_idx] = static_cast<InT>(" + f + ");"; }};
   return R"(
   const int T = q_shape[1];
   const int n = )" + head + R"(;
@@ -96,27 +135,7 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
   }
   auto g_ = g + b_idx * T * Hv;
   auto beta_ = beta + b_idx * T * Hv;
-  for (int t = 0; t < T; ++t) {
-    if ()" + keep + R"() {
-      float kv_mem = 0.0f;
-      for (int i = 0; i < n_per_t; ++i) {
-        const int s_idx = n_per_t * dk_idx + i;
-        st[i] = )" + mul("st[i]", "static_cast<float>(g_[hv_idx])") + R"(;
-        kv_mem = )" + add("kv_mem", mul("st[i]", "static_cast<float>(k_[s_idx])")) + R"(;
-      }
-      )" + reduce + R"(
-      const float delta = )" + mul(sub("static_cast<float>(v_[dv_idx])", "kv_mem"), "static_cast<float>(beta_[hv_idx])") + R"(;
-      float out = 0.0f;
-      for (int i = 0; i < n_per_t; ++i) {
-        const int s_idx = n_per_t * dk_idx + i;
-        st[i] = )" + add("st[i]", mul("static_cast<float>(k_[s_idx])", "delta")) + R"(;
-        out = )" + add("out", mul("st[i]", "static_cast<float>(q_[s_idx])")) + R"(;
-      }
-      )" + reduce_out + R"(
-      if (dk_idx == 0) { y_[dv_idx] = static_cast<InT>(out); }
-    } else if (dk_idx == 0) {
-      y_[dv_idx] = static_cast<InT>(0.0f);
-    }
+  for (int t = 0; t < T; ++t) {)" + delta_position(a, masked ? "mask[b_idx * T + t]" : "true", exact) + R"(
     q_ += Hk * Dk;
     k_ += Hk * Dk;
     v_ += Hv * Dv;
@@ -132,27 +151,29 @@ std::string delta_kernel_body(bool cuda, bool masked, bool exact) {
 
 // CUDA's kernel as one of ours (jit.cpp: compiled once, launched by our primitive, which costs the host
 // less a call than MLX's cuda_kernel, and reads its inputs through their strides, so the projections'
-// slices need no copies): the same arithmetic as delta_kernel_body's, written header-free. Inputs q, k
+// slices need no copies): the same arithmetic (delta_position) as delta_kernel_body, header-free. Inputs q, k
 // (type TQ), v (TV), g (TG), beta (TB), state_in (StT), mask (bool) when MASKED, each strided (B, T, H, D) /
 // (B, T, H) / (B, Hv, Dv, Dk) / (B, T); outputs y (B, T, Hv, Dv) in TQ and state_out (B, Hv, Dv, Dk) in
 // StT, row-contiguous; the scalar T. A block is 32 lanes x 4 value rows.
 std::string delta_jit_source(const char* tq, const char* tv, const char* tg, const char* tb, const char* st,
                              int dk, int dv, int hk, int hv, bool masked, bool exact) {
-  auto mul = [&](const std::string& a, const std::string& b) { return exact ? "__fmul_rn(" + a + ", " + b + ")" : a + " * " + b; };
-  auto add = [&](const std::string& a, const std::string& b) { return exact ? "__fadd_rn(" + a + ", " + b + ")" : a + " + " + b; };
-  auto sub = [&](const std::string& a, const std::string& b) { return exact ? "__fsub_rn(" + a + ", " + b + ")" : "(" + a + " - " + b + ")"; };
   auto n = [](int v) { return std::to_string(v); };
-  std::string mask_param = masked ? "const bool* mask, " : "";
-  std::string mask_strides = masked ? ", int ms0, int ms1" : "";
-  std::string keep = masked ? "mask[b_idx * ms0 + t * ms1]" : "true";
+  DeltaAccess a{"to_f(*g_)",
+                "to_f(*v_)",
+                "to_f(*beta_)",
+                "to_f(k_[s_idx * ks3])",
+                "to_f(q_[s_idx * qs3])",
+                warp_sum("kv_mem"),
+                warp_sum("out"),
+                [](const std::string& f) { return "*y_ = from_f<TQ>(" + f + ");"; }};
   return std::string(shim::jit_prelude()) + "using TQ = " + tq + ";\nusing TV = " + tv + ";\nusing TG = " + tg +
          ";\nusing TB = " + tb + ";\nusing StT = " + st + ";\nconstexpr int Dk = " + n(dk) + ", Dv = " + n(dv) +
          ", Hk = " + n(hk) + ", Hv = " + n(hv) +
          ";\nextern \"C\" __global__ void __launch_bounds__(128) KNAME(const TQ* q, const TQ* k, const TV* v, "
-         "const TG* g, const TB* beta, const StT* state_in, " + mask_param +
+         "const TG* g, const TB* beta, const StT* state_in, " + (masked ? "const bool* mask, " : "") +
          "TQ* y, StT* state_out, int T, int qs0, int qs1, int qs2, int qs3, int ks0, int ks1, int ks2, int ks3, "
          "int vs0, int vs1, int vs2, int vs3, int gs0, int gs1, int gs2, int bs0, int bs1, int bs2, int ss0, "
-         "int ss1, int ss2, int ss3" + mask_strides + R"() {
+         "int ss1, int ss2, int ss3" + (masked ? ", int ms0, int ms1" : "") + R"() {
   const int n = blockIdx.z;
   const int b_idx = n / Hv;
   const int hv_idx = n % Hv;
@@ -173,27 +194,7 @@ std::string delta_jit_source(const char* tq, const char* tv, const char* tg, con
   }
   const TG* g_ = g + (long long)b_idx * gs0 + (long long)hv_idx * gs2;
   const TB* beta_ = beta + (long long)b_idx * bs0 + (long long)hv_idx * bs2;
-  for (int t = 0; t < T; ++t) {
-    if ()" + keep + R"() {
-      float kv_mem = 0.0f;
-      for (int i = 0; i < n_per_t; ++i) {
-        const int s_idx = (n_per_t * dk_idx + i);
-        st[i] = )" + mul("st[i]", "to_f(*g_)") + R"(;
-        kv_mem = )" + add("kv_mem", mul("st[i]", "to_f(k_[s_idx * ks3])")) + R"(;
-      }
-      for (int o = 16; o > 0; o /= 2) { kv_mem += __shfl_xor_sync(0xffffffff, kv_mem, o); }
-      const float delta = )" + mul(sub("to_f(*v_)", "kv_mem"), "to_f(*beta_)") + R"(;
-      float out = 0.0f;
-      for (int i = 0; i < n_per_t; ++i) {
-        const int s_idx = (n_per_t * dk_idx + i);
-        st[i] = )" + add("st[i]", mul("to_f(k_[s_idx * ks3])", "delta")) + R"(;
-        out = )" + add("out", mul("st[i]", "to_f(q_[s_idx * qs3])")) + R"(;
-      }
-      for (int o = 16; o > 0; o /= 2) { out += __shfl_xor_sync(0xffffffff, out, o); }
-      if (dk_idx == 0) { *y_ = from_f<TQ>(out); }
-    } else if (dk_idx == 0) {
-      *y_ = from_f<TQ>(0.0f);
-    }
+  for (int t = 0; t < T; ++t) {)" + delta_position(a, masked ? "mask[b_idx * ms0 + t * ms1]" : "true", exact) + R"(
     q_ += qs1;
     k_ += ks1;
     v_ += vs1;
@@ -217,23 +218,23 @@ std::string delta_jit_variant(const char* tq, const char* tv, const char* tg, co
   return key;
 }
 
+// Whether the environment variable `name` is "1".
+bool set_to_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
 // Whether CUDA's recurrence is ours (jit.cpp): MLX_GEN_GDN_JIT=1 where it can run. Until `gpu_suite.sh gdnjit`
 // has shown its tokens equal to MLX's cuda_kernel launch of the same arithmetic (it compiles, it has not run on a
 // GPU yet), the default stays MLX's.
 bool jit_recurrence() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLX_GEN_GDN_JIT");
-    return v != nullptr && std::string(v) == "1" && shim::jit_available();
-  }();
+  static const bool on = set_to_one("MLX_GEN_GDN_JIT") && shim::jit_available();
   return on;
 }
 
 // Whether the recurrence's rounding is MLX_GEN_GDN_NOFMA's (each product and sum rounded on its own).
 bool nofma() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLX_GEN_GDN_NOFMA");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = set_to_one("MLX_GEN_GDN_NOFMA");
   return on;
 }
 
@@ -293,7 +294,7 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
     }
     const bool masked = mask != nullptr;
     const mx::Shape per_head{b, qa.shape(1), hv};
-    if (shim::kernel_backend() == 1 && jit_recurrence() && in[3].shape() == per_head &&
+    if (jit_recurrence() && in[3].shape() == per_head &&
         in[4].shape() == per_head && (!masked || in[6].shape() == mx::Shape{b, qa.shape(1)})) {
       const char *tq = shim::jit_type(qa.dtype()), *tv = shim::jit_type(va.dtype()),
                  *tg = shim::jit_type(in[3].dtype()), *tb = shim::jit_type(in[4].dtype()),
@@ -308,7 +309,7 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
       *state_out = wrap(outs[1]);
       return;
     }
-    auto outs = delta_kernel(mask != nullptr)(
+    auto outs = delta_kernel(masked)(
         in, {va.shape(), st.shape()}, {qa.dtype(), st.dtype()}, {32, dv, b * hv}, {32, 4, 1},
         {{"InT", qa.dtype()}, {"StT", st.dtype()}, {"Dk", dk}, {"Dv", dv}, {"Hk", hk}, {"Hv", hv}}, std::nullopt, false,
         {});

@@ -143,8 +143,8 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
 int mlxs_qmm_rows_available(void);
 /* Loads the NVRTC library at `nvrtc_library` and compiles representative variants of every kernel
    jit.cpp builds (the few-row and gathered products, the residual add with the RMS norm, attention
-   of a few positions) for sm_<arch>, no GPU needed; *compiled: how many. An error names the first that fails, with
-   NVRTC's log. */
+   of a few positions, the gated-delta recurrence) for sm_<arch>, no GPU needed; *compiled: how many.
+   An error names the first that fails, with NVRTC's log. */
 int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled);
 int mlxs_sdpa_few_available(const mlxs_array q, const mlxs_array k, const mlxs_array v);
 int mlxs_sdpa_few(mlxs_array* out, const mlxs_array q, const mlxs_array k, const mlxs_array v, float scale,

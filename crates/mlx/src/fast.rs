@@ -95,9 +95,10 @@ pub fn qmm_rows_available() -> bool {
 }
 
 /// Compiles representative variants of the engine's own CUDA kernels (the few-row and gathered
-/// quantized products, the residual add with the RMS norm, attention of a few positions; written
-/// without headers, as the GPU compiles them at first use) with the NVRTC library at `nvrtc_library` for `sm_<arch>`: a check that
-/// needs no GPU. Returns how many compiled; an error names the first that does not, with NVRTC's log.
+/// quantized products, the residual add with the RMS norm, attention of a few positions, the
+/// gated-delta recurrence; written without headers, as the GPU compiles them at first use) with the
+/// NVRTC library at `nvrtc_library` for `sm_<arch>`: a check that needs no GPU. Returns how many
+/// compiled; an error names the first that does not, with NVRTC's log.
 pub fn check_kernel_sources(nvrtc_library: &str, arch: &str) -> Result<usize> {
     ctx("check_kernel_sources", sys::jit_check(nvrtc_library, arch))
 }

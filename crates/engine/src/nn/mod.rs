@@ -28,6 +28,11 @@ pub fn set_fused_projections(on: bool) {
 pub fn fused_projections() -> bool {
     FUSE_PROJECTIONS.load(Ordering::Relaxed)
 }
+/// The rows of x (..., d): its leading axes folded into one (what picks a product's or a norm's kernel).
+fn rows(x: &mlx::Array) -> usize {
+    x.size() / x.dim(-1).max(1) as usize
+}
+
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::RmsNorm;

@@ -59,6 +59,6 @@ fn fused_add_norm(x: &Array) -> bool {
     match mode {
         Mode::Never => false,
         Mode::Always => true,
-        Mode::FewRows => x.size() / x.dim(-1).max(1) as usize <= FUSED_MAX_ROWS,
+        Mode::FewRows => super::rows(x) <= FUSED_MAX_ROWS,
     }
 }

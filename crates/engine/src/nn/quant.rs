@@ -172,7 +172,7 @@ impl Quantized {
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
         // The switch first: off (not a CUDA GPU) it costs a decode step's products nothing.
         let Some(min_elements) = few_rows_kernel() else { return false };
-        (1..=7).contains(&(x.size() / x.dim(-1).max(1) as usize)) && self.matrix_elements() >= min_elements
+        (1..=7).contains(&super::rows(x)) && self.matrix_elements() >= min_elements
     }
 
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
@@ -186,12 +186,12 @@ impl Quantized {
     /// a transient (Llama-3.2-3B: about 200 MB a layer, held while the layers queued ahead run):
     /// from 1,024 rows, where the products gain 2x and more, not at a 512-token prompt, whose
     /// peak is 0.77x mlx-lm's today against issue 22's 0.8x. `MLX_GEN_PREFILL_GEMM=0` turns it off.
-    pub fn dequantized_pays(&self, x: &mlx::Array) -> bool {
+    fn dequantized_pays(&self, x: &mlx::Array) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let on = *ON.get_or_init(|| {
             std::env::var("MLX_GEN_PREFILL_GEMM").map_or(true, |v| v != "0") && mlx::fast::qmm_rows_available()
         });
-        let rows = (x.size() / x.dim(-1).max(1) as usize) as i64;
+        let rows = super::rows(x) as i64;
         on && rows >= DEQUANT_MIN_ROWS
             && rows.saturating_mul(self.matrix_elements()) >= DEQUANT_MIN_WORK
             && self.spec.mode == QuantMode::Affine
