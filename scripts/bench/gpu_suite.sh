@@ -424,7 +424,8 @@ pgemm)
 gdnjit)
   # The gated-delta recurrence launched by our primitive (jit.cpp, MLX_GEN_GDN_JIT=1) against MLX's cuda_kernel (=0):
   # greedy tokens and log-probabilities (the same arithmetic: equal means bit for bit), then decode and prefill
-  # alternating, 3 rounds, prompt 512 (GDN_SHAPES: a shape `hybrid` kept with KEEP=1 is taken as it is).
+  # alternating, 3 rounds (GDN_ROUNDS; "" for the tokens alone), prompt 512 (GDN_SHAPES: a shape `hybrid` kept with
+  # KEEP=1 is taken as it is).
   for s in ${GDN_SHAPES:-qwen3.5-9b}; do
     d=$(shape_dir "$s")
     for j in 0 1; do
@@ -432,7 +433,7 @@ gdnjit)
         --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/gdn$j.json"
     done
     echo "== $s our recurrence launch against MLX's cuda_kernel: $(same_tokens /tmp/gdn0.json /tmp/gdn1.json)"
-    for r in 1 2 3; do
+    for r in ${GDN_ROUNDS-1 2 3}; do
       for j in 0 1; do
         echo "== $s round $r MLX_GEN_GDN_JIT=$j: $(MLX_GEN_GDN_JIT=$j MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
       done
