@@ -1,4 +1,4 @@
-// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) @ dequantize(w)ᵀ for 1 <= M <= 8,
+// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 1 <= M <= 8,
 // as one CUDA kernel of ours (jit.cpp: compiled once, launched by our own primitive): a decode step's
 // products (one row), a batch
 // decode step's (one row a sequence) and a speculative verification's (K+1 positions). MLX 0.32's
@@ -35,6 +35,11 @@ using shim::wrap;
 // out (M, N).
 const char* kRowsParams =
     "const T* x, const u32* w, const T* scales, const T* biases, T* out, int M, int K, int N, int ldx, int xcs";
+// The same for x (1, M, K) (a single sequence's decode step, verification), out (1, M, N): x's first
+// stride comes first and is not used, so the engine needs no reshape (a primitive a product) around it.
+const char* kRows3Params =
+    "const T* x, const u32* w, const T* scales, const T* biases, T* out, int M, int K, int N, int xs0, int ldx, "
+    "int xcs";
 const char* kRowsPrologue = "";
 
 // The gathered product's (mlx-lm's SwitchLinear for a few tokens): one slot (token, chosen expert)
@@ -250,14 +255,21 @@ std::string variant(const char* base, const char* t, int bits, int gs, int mmax,
   return key;
 }
 
+// The kernels' forms: the plain product of x (M, K) or (1, M, K), the gathered one.
+struct Form {
+  const char* base;
+  const char* params;
+  const char* prologue;
+};
+const Form kRows{"mlxgen_qmm_rows", kRowsParams, kRowsPrologue};
+const Form kRows3{"mlxgen_qmm_rows3", kRows3Params, kRowsPrologue};
+const Form kGather{"mlxgen_gather_qmm_rows", kGatherParams, kGatherPrologue};
+
 // The kernel variant, written and compiled on first use (jit.cpp).
-shim::JitKernel& kernel(bool gathered, mx::Dtype dtype, int bits, int gs, int mmax, int r) {
+shim::JitKernel& kernel(const Form& form, mx::Dtype dtype, int bits, int gs, int mmax, int r) {
   const char* t = shim::jit_type(dtype);
-  const char* base = gathered ? "mlxgen_gather_qmm_rows" : "mlxgen_qmm_rows";
-  return shim::jit_kernel(variant(base, t, bits, gs, mmax, r), [&] {
-    return gathered ? source(kGatherParams, kGatherPrologue, t, bits, gs, mmax, r)
-                    : source(kRowsParams, kRowsPrologue, t, bits, gs, mmax, r);
-  });
+  return shim::jit_kernel(variant(form.base, t, bits, gs, mmax, r),
+                          [&] { return source(form.params, form.prologue, t, bits, gs, mmax, r); });
 }
 
 // Whether a weight array the kernel reads as row-contiguous is (the primitive refuses another at
@@ -276,18 +288,19 @@ bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int
   if (x.dtype() != mx::bfloat16 && x.dtype() != mx::float16) {
     return false;
   }
-  return x.ndim() == 2 && x.shape(1) % gs == 0 && s.dtype() == x.dtype() && b->dtype() == x.dtype() &&
+  return x.shape(-1) % gs == 0 && s.dtype() == x.dtype() && b->dtype() == x.dtype() &&
          b->shape() == s.shape() && rows_in_place(s) && rows_in_place(*b) && shim::jit_available();
 }
 
-// Whether the kernel takes this product: 2-D x of 1-8 rows, weights (out, in) (and suits_quant).
+// Whether the kernel takes this product: x (M, K) or (1, M, K) of 1-8 rows, weights (out, in) (and
+// suits_quant).
 bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
            const std::string& mode) {
-  if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 2 || s.ndim() != 2 || w.dtype() != mx::uint32 ||
-      !rows_in_place(w)) {
+  if (!(x.ndim() == 2 || (x.ndim() == 3 && x.shape(0) == 1)) || !suits_quant(x, s, b, gs, bits, mode) ||
+      w.ndim() != 2 || s.ndim() != 2 || w.dtype() != mx::uint32 || !rows_in_place(w)) {
     return false;
   }
-  const int m = x.shape(0), k = x.shape(1), n = w.shape(0);
+  const int m = x.shape(-2), k = x.shape(-1), n = w.shape(0);
   return m >= 1 && m <= 8 && w.shape(1) * (32 / bits) == k && s.shape(0) == n && s.shape(1) == k / gs;
 }
 
@@ -295,7 +308,7 @@ bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx:
 // indices (T, k) of uint32 (and suits_quant).
 bool suits_gather(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b,
                   const mx::array& idx, int gs, int bits, const std::string& mode) {
-  if (!suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 3 || s.ndim() != 3 || w.dtype() != mx::uint32 ||
+  if (x.ndim() != 2 || !suits_quant(x, s, b, gs, bits, mode) || w.ndim() != 3 || s.ndim() != 3 || w.dtype() != mx::uint32 ||
       !rows_in_place(w) || idx.ndim() != 2 || idx.dtype() != mx::uint32) {
     return false;
   }
@@ -311,15 +324,15 @@ std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
   for (const char* t : {"bf16_t", "f16_t"}) {
     for (int bits : {4, 8}) {
       for (int mmax : {1, 2, 4, 8}) {
-        out.emplace_back(variant("mlxgen_qmm_rows", t, bits, 64, mmax, 4),
+        out.emplace_back(variant(kRows.base, t, bits, 64, mmax, 4),
                          source(kRowsParams, kRowsPrologue, t, bits, 64, mmax, 4));
       }
-      out.emplace_back(variant("mlxgen_gather_qmm_rows", t, bits, 32, 1, 4),
-                       source(kGatherParams, kGatherPrologue, t, bits, 32, 1, 4));
+      out.emplace_back(variant(kRows3.base, t, bits, 64, 1, 4), source(kRows3Params, kRowsPrologue, t, bits, 64, 1, 4));
+      out.emplace_back(variant(kGather.base, t, bits, 32, 1, 4), source(kGatherParams, kGatherPrologue, t, bits, 32, 1, 4));
     }
   }
   for (int r : {1, 2, 8}) {
-    out.emplace_back(variant("mlxgen_qmm_rows", "bf16_t", 4, 128, 2, r),
+    out.emplace_back(variant(kRows.base, "bf16_t", 4, 128, 2, r),
                      source(kRowsParams, kRowsPrologue, "bf16_t", 4, 128, 2, r));
   }
   return out;
@@ -335,11 +348,13 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
       *out = wrap(mx::quantized_matmul(xa, wa, sa, opt(biases), true, group_size, bits, md));
       return;
     }
-    const int m = xa.shape(0), k = xa.shape(1), n = wa.shape(0);
+    const bool three = xa.ndim() == 3;
+    const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0);
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
     const int r = cols(), blocks = (n + r - 1) / r;
-    auto& kern = kernel(false, xa.dtype(), bits, group_size, mmax, r);
-    auto outs = kern.launch({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
+    auto& kern = kernel(three ? kRows3 : kRows, xa.dtype(), bits, group_size, mmax, r);
+    const mx::Shape shape = three ? mx::Shape{1, m, n} : mx::Shape{m, n};
+    auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
                             {unsigned(blocks), 1, 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);
   });
@@ -369,7 +384,7 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
       return;
     }
     const int r = cols(), blocks = (n + r - 1) / r;
-    auto& kern = kernel(true, xa.dtype(), bits, group_size, 1, r);
+    auto& kern = kernel(kGather, xa.dtype(), bits, group_size, 1, r);
     auto outs = kern.launch({xa, wa, sa, *ba, ia}, {{t, k, n}}, {xa.dtype()}, {xa.shape(1), n, k, xa.shape(0)},
                             {true, false, false, false, true}, {unsigned(blocks), unsigned(t * k), 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);

@@ -63,7 +63,7 @@ pub fn add_rms_norm(x: &Array, y: &Array, w: &Array, eps: f32, kernel: bool) -> 
     Ok((Array::from_handle(h), Array::from_handle(out)))
 }
 
-/// `x @ dequantize(w)ᵀ` for x (M, K): on a CUDA GPU, for 1 <= M <= 8 rows of bfloat16 or float16
+/// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K): on a CUDA GPU, for 1 <= M <= 8 rows of bfloat16 or float16
 /// and affine 4- or 8-bit weights in groups of 32, 64 or 128, one kernel of ours that reads each
 /// weight once for all rows in 16-byte packs (MLX's reads it once a row up to 7 rows with a
 /// matrix-vector kernel); it sums in another order than MLX's kernels. Anything else is

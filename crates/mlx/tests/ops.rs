@@ -96,6 +96,10 @@ fn qmm_rows_is_the_transposed_quantized_product_where_its_kernel_does_not_run() 
     for (g, w) in got.to_vec::<f32>().unwrap().iter().zip(&want) {
         assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{g} against {w}");
     }
+    // x as (1, 3, 64), a single sequence's rows: (1, 3, 2), the same values.
+    let got1 = fast::qmm_rows(&x.reshape(&[1, 3, 64]).unwrap(), &qw, &s, b.as_ref(), q).unwrap();
+    assert_eq!(got1.shape(), vec![1, 3, 2]);
+    assert_eq!(got1.to_vec::<f32>().unwrap(), got.to_vec::<f32>().unwrap());
     // A bit width MLX has and the kernel does not (3) is MLX's product too.
     let q3 = ops::QuantSpec::affine(32, 3);
     let (qw3, s3, b3) = ops::quantize(&w, q3).unwrap();

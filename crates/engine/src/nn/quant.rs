@@ -263,8 +263,14 @@ impl Quantized {
             return Ok(x.matmul(&w.t()?)?); // (..., out)
         }
         let few = self.few_rows_pays(x) && !crate::nn::sdpa::mlx_kernels_only();
-        if x.ndim() <= 2 && !few {
+        // A single sequence's (1, L, in) needs no reshape (two primitives a product, 20 a layer of
+        // Qwen3.5-35B-A3B's decode step): MLX's product and the few-row kernel take it as it is.
+        let one_matrix = x.ndim() <= 2 || (x.ndim() == 3 && x.dim(0) == 1);
+        if one_matrix && !few {
             return self.matmul(x, true);
+        }
+        if one_matrix && x.ndim() >= 2 {
+            return Ok(mlx::fast::qmm_rows(x, &self.weight, &self.scales, self.biases.as_ref(), self.spec)?); // (..., out)
         }
         let mut shape = x.shape();
         let x2 = x.reshape(&[-1, x.dim(-1)])?; // (rows, in)
