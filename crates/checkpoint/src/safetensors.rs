@@ -118,34 +118,39 @@ fn entries(path: &Path, bytes: &[u8]) -> Result<Vec<Entry>> {
     Ok(out)
 }
 
-/// Maps `path` and makes an array of each of its tensors.
+/// Maps `path` and makes an array of each of its tensors (those MLX can take over the mapping on
+/// several threads: where the backend copies them, the copies run in parallel).
 pub fn load(path: &Path) -> Result<Loaded> {
     let file = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
     let map = Mapping::open(path).map_err(|e| Error::file(path, e))?;
     let mut stats = LoadStats::default();
     let mut tensors = Vec::new();
-    for e in entries(path, map.bytes())? {
+    let named = |e: &Entry, err: mlx::Error| Error::file(path, format!("tensor {}: {}", e.name, err.message));
+    let (mapped, other): (Vec<Entry>, Vec<Entry>) = entries(path, map.bytes())?.into_iter().partition(|e| {
         let bytes = &map.bytes()[e.start..e.end];
-        stats.bytes += bytes.len() as u64;
-        let aligned = (bytes.as_ptr() as usize).is_multiple_of(e.dtype.size());
-        let a = if bytes.is_empty() {
-            stats.copied += 1;
-            Array::from_bytes(bytes, &e.shape, e.dtype)
-        } else if !aligned {
-            // Read, not copied from the mapping: one pass over the bytes instead of two.
-            stats.copied += 1;
-            mlx::io::read_at(&file, e.start as u64, &e.shape, e.dtype)
+        !bytes.is_empty() && (bytes.as_ptr() as usize).is_multiple_of(e.dtype.size())
+    });
+    for e in other {
+        stats.bytes += (e.end - e.start) as u64;
+        stats.copied += 1;
+        let a = if e.start == e.end {
+            Array::from_bytes(&[], &e.shape, e.dtype)
         } else {
-            let (a, in_place) = mlx::io::from_mapping(&map, e.start, &e.shape, e.dtype)?;
-            if in_place {
-                stats.in_place += 1;
-            } else {
-                stats.copied += 1;
-            }
-            Ok(a)
+            // Not on an element boundary: read, not copied from the mapping (one pass, not two).
+            mlx::io::read_at(&file, e.start as u64, &e.shape, e.dtype)
+        };
+        tensors.push((e.name.clone(), a.map_err(|err| named(&e, err))?));
+    }
+    let places: Vec<(usize, &[i32], Dtype)> = mapped.iter().map(|e| (e.start, e.shape.as_slice(), e.dtype)).collect();
+    for (e, made) in mapped.iter().zip(mlx::io::from_mapping_many(&map, &places)) {
+        let (a, in_place) = made.map_err(|err| named(e, err))?;
+        stats.bytes += (e.end - e.start) as u64;
+        if in_place {
+            stats.in_place += 1;
+        } else {
+            stats.copied += 1;
         }
-        .map_err(|err| Error::file(path, format!("tensor {}: {}", e.name, err.message)))?;
-        tensors.push((e.name, a));
+        tensors.push((e.name.clone(), a));
     }
     Ok(Loaded { tensors, stats })
 }

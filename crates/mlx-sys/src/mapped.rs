@@ -116,6 +116,53 @@ pub fn from_mapping(map: &Arc<Mapping>, offset: usize, shape: &[i32], dtype: i32
     Ok((h, zero_copy != 0))
 }
 
+/// One tensor's place in a mapping, for [`from_mapping_many`]: as [`from_mapping`]'s arguments.
+pub struct MappedRange<'a> {
+    pub offset: usize,
+    pub shape: &'a [i32],
+    pub dtype: i32,
+    pub itemsize: usize,
+}
+
+/// A fresh array handle moved from the thread that made it to the caller's.
+struct Made(Handle);
+
+// SAFETY: the handle is the only owner of a new MLX array (a reference-counted descriptor whose
+// count is atomic), made on a worker thread and handed over once; no other thread touches it.
+unsafe impl Send for Made {}
+
+/// [`from_mapping`] for many tensors of one mapping, made on up to `threads` threads at once, the
+/// results in `ranges`' order. Where the backend copies the bytes (CUDA) each array's construction
+/// reads the mapped pages and writes memory the device sees; one thread does that at a fraction of
+/// the host's bandwidth (a 19.5 GB checkpoint: 17-21 s on an H100 host where MLX's own reader,
+/// which reads a file on several threads, took 7). Where MLX uses the bytes in place it is cheap
+/// either way.
+pub fn from_mapping_many(map: &Arc<Mapping>, ranges: &[MappedRange<'_>], threads: usize) -> Vec<Result<(Handle, bool)>> {
+    let one = |r: &MappedRange<'_>| from_mapping(map, r.offset, r.shape, r.dtype, r.itemsize);
+    let threads = threads.clamp(1, ranges.len().max(1));
+    if threads == 1 {
+        return ranges.iter().map(one).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut made: Vec<(usize, Result<(Made, bool)>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut got = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(r) = ranges.get(i) else { break got };
+                        got.push((i, one(r).map(|(h, in_place)| (Made(h), in_place))));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    made.sort_unstable_by_key(|(i, _)| *i);
+    made.into_iter().map(|(_, r)| r.map(|(Made(h), in_place)| (h, in_place))).collect()
+}
+
 unsafe extern "C" fn release_words(owner: *mut c_void) {
     // SAFETY: `owner` is the Box made in `read_at`, released exactly once by MLX's deleter.
     drop(unsafe { Box::from_raw(owner.cast::<Vec<u64>>()) });

@@ -38,6 +38,21 @@ pub fn from_mapping(map: &std::sync::Arc<Mapping>, offset: usize, shape: &[i32],
     Ok((Array::from_handle(h), zero_copy))
 }
 
+/// [`from_mapping`] for many `(offset, shape, dtype)` tensors of `map`, made on several threads (a
+/// backend that copies, CUDA, copies them in parallel), in the order given.
+#[track_caller]
+pub fn from_mapping_many(map: &std::sync::Arc<Mapping>, tensors: &[(usize, &[i32], Dtype)]) -> Vec<Result<(Array, bool)>> {
+    let ranges: Vec<_> = tensors
+        .iter()
+        .map(|&(offset, shape, dtype)| mlx_sys::mapped::MappedRange { offset, shape, dtype: dtype.code(), itemsize: dtype.size() })
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    mlx_sys::mapped::from_mapping_many(map, &ranges, threads)
+        .into_iter()
+        .map(|r| ctx("array from mapped file", r).map(|(h, in_place)| (Array::from_handle(h), in_place)))
+        .collect()
+}
+
 /// An array of `shape` elements of `dtype` read from `file` at byte `offset`, in one copy into a
 /// buffer MLX uses as it is (for data a mapping cannot hand over: not on an element boundary).
 #[track_caller]
