@@ -39,7 +39,7 @@
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh pgemm  prefill's products: MLX's quantized product against dequantize + cuBLAS (prefill_gemm.py), then
 #                       the dequantized prefill (default) against MLX_GEN_PREFILL_GEMM=0: tokens, prefill, decode (issue 22)
-#   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive (MLX_GEN_GDN_JIT=1) against MLX's cuda_kernel:
+#   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive (default) against MLX's cuda_kernel (=0):
 #                       tokens (bit for bit expected), decode and prefill (GDN_SHAPES, issue 18)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
 #                       and 2-7 rows padded to 8; then the engine's batch step at 1-8 and 32 rows
@@ -422,7 +422,7 @@ pgemm)
   done
   ;;
 gdnjit)
-  # The gated-delta recurrence launched by our primitive (jit.cpp, MLX_GEN_GDN_JIT=1) against MLX's cuda_kernel (=0):
+  # The gated-delta recurrence launched by our primitive (jit.cpp, the default, MLX_GEN_GDN_JIT=1) against MLX's cuda_kernel (=0):
   # greedy tokens and log-probabilities (the same arithmetic: equal means bit for bit), then decode and prefill
   # alternating, 3 rounds (GDN_ROUNDS; "" for the tokens alone), prompt 512 (GDN_SHAPES: a shape `hybrid` kept with
   # KEEP=1 is taken as it is).

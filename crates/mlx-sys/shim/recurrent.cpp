@@ -1,8 +1,8 @@
 // mlx-gen's C ABI for recurrent (linear-attention) layers: the short causal convolution, and the
 // compiled pieces of mlx-lm's gated_delta.py and activations.py, written operation for operation
 // as the Python functions are, under mx::compile as they are (`@mx.compile` / shapeless); the
-// recurrence as one kernel (Metal: MLX's metal_kernel; CUDA: MLX's cuda_kernel, or one of ours launched
-// by jit.cpp's primitive with MLX_GEN_GDN_JIT=1).
+// recurrence as one kernel (Metal: MLX's metal_kernel; CUDA: one of ours launched by jit.cpp's primitive, or
+// MLX's cuda_kernel with MLX_GEN_GDN_JIT=0).
 #include "internal.h"
 
 #include <mlx/mlx.h>
@@ -224,11 +224,14 @@ bool set_to_one(const char* name) {
   return v != nullptr && std::string(v) == "1";
 }
 
-// Whether CUDA's recurrence is ours (jit.cpp): MLX_GEN_GDN_JIT=1 where it can run. Until `gpu_suite.sh gdnjit`
-// has shown its tokens equal to MLX's cuda_kernel launch of the same arithmetic (it compiles, it has not run on a
-// GPU yet), the default stays MLX's.
+// Whether CUDA's recurrence is ours (jit.cpp): by default where it can run, MLX_GEN_GDN_JIT=0 for MLX's
+// cuda_kernel launch of the same arithmetic. On an H100 (`gpu_suite.sh gdnjit`, BENCHMARKS.md 2026-12-06 seventh
+// session) the two gave the same log-probabilities bit for bit over 64 greedy tokens of the Qwen3.5-2B shape.
 bool jit_recurrence() {
-  static const bool on = set_to_one("MLX_GEN_GDN_JIT") && shim::jit_available();
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_GEN_GDN_JIT");
+    return (v == nullptr || std::string(v) != "0") && shim::jit_available();
+  }();
   return on;
 }
 
