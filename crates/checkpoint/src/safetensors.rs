@@ -138,19 +138,21 @@ pub fn load(path: &Path) -> Result<Loaded> {
         } else {
             // Not on an element boundary: read, not copied from the mapping (one pass, not two).
             mlx::io::read_at(&file, e.start as u64, &e.shape, e.dtype)
-        };
-        tensors.push((e.name.clone(), a.map_err(|err| named(&e, err))?));
+        }
+        .map_err(|err| named(&e, err))?;
+        tensors.push((e.name, a));
     }
     let places: Vec<(usize, &[i32], Dtype)> = mapped.iter().map(|e| (e.start, e.shape.as_slice(), e.dtype)).collect();
-    for (e, made) in mapped.iter().zip(mlx::io::from_mapping_many(&map, &places)) {
-        let (a, in_place) = made.map_err(|err| named(e, err))?;
+    let made = mlx::io::from_mapping_many(&map, &places);
+    for (e, made) in mapped.into_iter().zip(made) {
+        let (a, in_place) = made.map_err(|err| named(&e, err))?;
         stats.bytes += (e.end - e.start) as u64;
         if in_place {
             stats.in_place += 1;
         } else {
             stats.copied += 1;
         }
-        tensors.push((e.name.clone(), a));
+        tensors.push((e.name, a));
     }
     Ok(Loaded { tensors, stats })
 }

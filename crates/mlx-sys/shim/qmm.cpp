@@ -237,24 +237,6 @@ int cols() {
   return c;
 }
 
-// The source of the kernel variant of `params` and `prologue` (the plain or gathered product) for
-// x's kernel type `t` and these constants.
-std::string source(const char* params, const char* prologue, const char* t, int bits, int gs, int mmax, int r) {
-  char consts[160];
-  std::snprintf(consts, sizeof consts,
-                "  constexpr int BITS = %d;\n  constexpr int GS = %d;\n  constexpr int MMAX = %d;\n"
-                "  constexpr int R = %d;\n  constexpr int THREADS = %d;\n",
-                bits, gs, mmax, r, kThreads);
-  return std::string(shim::jit_prelude()) + "using T = " + t + ";\nextern \"C\" __global__ void __launch_bounds__(" +
-         std::to_string(kThreads) + ") KNAME(" + params + ") {\n" + consts + prologue + kCudaBody + "}\n";
-}
-
-std::string variant(const char* base, const char* t, int bits, int gs, int mmax, int r) {
-  char key[96];
-  std::snprintf(key, sizeof key, "%s_%s_b%d_g%d_m%d_r%d", base, t, bits, gs, mmax, r);
-  return key;
-}
-
 // The kernels' forms: the plain product of x (M, K) or (1, M, K), the gathered one.
 struct Form {
   const char* base;
@@ -265,11 +247,28 @@ const Form kRows{"mlxgen_qmm_rows", kRowsParams, kRowsPrologue};
 const Form kRows3{"mlxgen_qmm_rows3", kRows3Params, kRowsPrologue};
 const Form kGather{"mlxgen_gather_qmm_rows", kGatherParams, kGatherPrologue};
 
-// The kernel variant, written and compiled on first use (jit.cpp).
+// The cache key of `form`'s variant for x's kernel type `t` and these constants.
+std::string key(const Form& form, const char* t, int bits, int gs, int mmax, int r) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%s_%s_b%d_g%d_m%d_r%d", form.base, t, bits, gs, mmax, r);
+  return buf;
+}
+
+// That variant's source.
+std::string source(const Form& form, const char* t, int bits, int gs, int mmax, int r) {
+  char consts[160];
+  std::snprintf(consts, sizeof consts,
+                "  constexpr int BITS = %d;\n  constexpr int GS = %d;\n  constexpr int MMAX = %d;\n"
+                "  constexpr int R = %d;\n  constexpr int THREADS = %d;\n",
+                bits, gs, mmax, r, kThreads);
+  return std::string(shim::jit_prelude()) + "using T = " + t + ";\nextern \"C\" __global__ void __launch_bounds__(" +
+         std::to_string(kThreads) + ") KNAME(" + form.params + ") {\n" + consts + form.prologue + kCudaBody + "}\n";
+}
+
+// The kernel variant, its source written and compiled on first use (jit.cpp).
 shim::JitKernel& kernel(const Form& form, mx::Dtype dtype, int bits, int gs, int mmax, int r) {
   const char* t = shim::jit_type(dtype);
-  return shim::jit_kernel(variant(form.base, t, bits, gs, mmax, r),
-                          [&] { return source(form.params, form.prologue, t, bits, gs, mmax, r); });
+  return shim::jit_kernel(key(form, t, bits, gs, mmax, r), [&] { return source(form, t, bits, gs, mmax, r); });
 }
 
 // Whether a weight array the kernel reads as row-contiguous is (the primitive refuses another at
@@ -321,19 +320,20 @@ bool suits_gather(const mx::array& x, const mx::array& w, const mx::array& s, co
 
 std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
   std::vector<std::pair<std::string, std::string>> out;
+  auto add = [&](const Form& form, const char* t, int bits, int gs, int mmax, int r) {
+    out.emplace_back(key(form, t, bits, gs, mmax, r), source(form, t, bits, gs, mmax, r));
+  };
   for (const char* t : {"bf16_t", "f16_t"}) {
     for (int bits : {4, 8}) {
       for (int mmax : {1, 2, 4, 8}) {
-        out.emplace_back(variant(kRows.base, t, bits, 64, mmax, 4),
-                         source(kRowsParams, kRowsPrologue, t, bits, 64, mmax, 4));
+        add(kRows, t, bits, 64, mmax, 4);
       }
-      out.emplace_back(variant(kRows3.base, t, bits, 64, 1, 4), source(kRows3Params, kRowsPrologue, t, bits, 64, 1, 4));
-      out.emplace_back(variant(kGather.base, t, bits, 32, 1, 4), source(kGatherParams, kGatherPrologue, t, bits, 32, 1, 4));
+      add(kRows3, t, bits, 64, 1, 4);
+      add(kGather, t, bits, 32, 1, 4);
     }
   }
   for (int r : {1, 2, 8}) {
-    out.emplace_back(variant(kRows.base, "bf16_t", 4, 128, 2, r),
-                     source(kRowsParams, kRowsPrologue, "bf16_t", 4, 128, 2, r));
+    add(kRows, "bf16_t", 4, 128, 2, r);
   }
   return out;
 }

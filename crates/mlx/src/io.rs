@@ -25,21 +25,14 @@ pub fn save_safetensors(path: &Path, tensors: &[(&str, &Array)], metadata: &[(&s
     ctx("save_safetensors", mlx_sys::save_safetensors(&path.to_string_lossy(), &t, metadata))
 }
 
-/// A file mapped read-only into memory, whose bytes arrays can use in place ([`from_mapping`]).
+/// A file mapped read-only into memory, whose bytes arrays can use in place ([`from_mapping_many`]).
 pub use mlx_sys::mapped::Mapping;
 
-/// An array over `map`'s bytes from `offset` (row-major `shape` of `dtype`), used in place where the
-/// backend can (the CPU; Metal for page-aligned data) and copied once elsewhere (CUDA); the second
-/// value says whether it is in place. The mapping stays alive while the array needs it. The range
-/// must lie inside the mapping, past its first 8 bytes, aligned to the element size.
-#[track_caller]
-pub fn from_mapping(map: &std::sync::Arc<Mapping>, offset: usize, shape: &[i32], dtype: Dtype) -> Result<(Array, bool)> {
-    let (h, zero_copy) = ctx("array from mapped file", mlx_sys::mapped::from_mapping(map, offset, shape, dtype.code(), dtype.size()))?;
-    Ok((Array::from_handle(h), zero_copy))
-}
-
-/// [`from_mapping`] for many `(offset, shape, dtype)` tensors of `map`, made on several threads (a
-/// backend that copies, CUDA, copies them in parallel), in the order given.
+/// Arrays over `map`'s bytes, one for each `(offset, shape, dtype)` tensor (row-major, the range
+/// inside the mapping, past its first 8 bytes, aligned to the element size), in the order given,
+/// each with whether it is used in place: where the backend can (the CPU; Metal for page-aligned
+/// data), else copied once (CUDA), several tensors at a time on up to 8 threads. The mapping stays
+/// alive while an array needs it.
 #[track_caller]
 pub fn from_mapping_many(map: &std::sync::Arc<Mapping>, tensors: &[(usize, &[i32], Dtype)]) -> Vec<Result<(Array, bool)>> {
     let ranges: Vec<_> = tensors
