@@ -304,6 +304,21 @@ constrained)
     timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --out "$out/serve_free_$r.json" | tail -4
     timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --json-schema /tmp/schema.json --out "$out/serve_schema_$r.json" | tail -4
   done
+  # TRACE=1: where a constrained token's time goes (MLX_GEN_TRACE: the wait for the token, the host's commit and
+  # mask, the graphs), free / JSON schema / a regex that allows every token (the engine's masking without
+  # llguidance's work), on the CLI, then the server's engine at 8 streams free and constrained.
+  [ -n "${TRACE:-}" ] || exit 0
+  for r in 1 2; do
+    echo "== traced CLI round $r free:   $(MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json 2>&1 >/dev/null | grep '^trace:' | tail -2 | tr '\n' ' ')"
+    echo "== traced CLI round $r schema: $(MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json --json-schema /tmp/schema.json 2>&1 >/dev/null | grep '^trace:' | tail -2 | tr '\n' ' ')"
+    echo "== traced CLI round $r any:    $(MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --output json --regex '[\s\S]*' 2>&1 >/dev/null | grep '^trace:' | tail -2 | tr '\n' ' ')"
+  done
+  for a in free schema; do
+    extra=(); [ $a = free ] || extra=(--json-schema /tmp/schema.json)
+    MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 8 \
+        --max-tokens 128 "${extra[@]}" --server-log "$out/constrained-trace-$a" | tail -2
+    grep -E '^trace:' "$out/constrained-trace-$a.mlx-gen.log" | tail -3
+  done
   ;;
 stall)
   # Issue 20 item 2's regression on the GPU: 10 rounds of 8 streams (every 4th prompt long, arrivals 50 ms

@@ -68,8 +68,9 @@ pub struct Generator<'m> {
     /// The latest tokens the logits processors read (prompt, then sampled), when there are any.
     history: Option<Array>,
     /// With MLX_GEN_TRACE set: seconds spent building+queueing steps, waiting for tokens, steps,
-    /// and of the first, seconds spent building the graph alone (the rest is MLX's queueing).
-    timing: Option<(f64, f64, usize, f64)>,
+    /// of the first, seconds spent building the graph alone (the rest is MLX's queueing), and with a
+    /// constraint, seconds spent committing tokens and computing masks on the host.
+    timing: Option<(f64, f64, usize, f64, f64)>,
     /// `mlx::host_waits()` once the prompt was in (the trace's count of device waits per token).
     waits_start: u64,
     /// Constrained decoding: the grammar every sampled token must follow.
@@ -78,10 +79,11 @@ pub struct Generator<'m> {
 
 impl Drop for Generator<'_> {
     fn drop(&mut self) {
-        if let Some((build, wait, n, graph)) = self.timing {
+        if let Some((build, wait, n, graph, mask)) = self.timing {
             if n > 0 {
+                let mask = if self.constraint.is_some() { format!(", mask {:.3} ms/token", 1e3 * mask / n as f64) } else { String::new() };
                 eprintln!(
-                    "trace: {n} tokens, build+queue {:.3} ms/token (graph {:.3}, queue {:.3}), wait {:.3} ms/token, {:.2} evaluations and host reads/token",
+                    "trace: {n} tokens, build+queue {:.3} ms/token (graph {:.3}, queue {:.3}), wait {:.3} ms/token{mask}, {:.2} evaluations and host reads/token",
                     1e3 * build / n as f64,
                     1e3 * graph / n as f64,
                     1e3 * (build - graph) / n as f64,
@@ -106,7 +108,7 @@ impl<'m> Generator<'m> {
     /// The trace's stage times so far (`None` without `MLX_GEN_TRACE`); the difference between two
     /// tokens' values is what the host did for the later one.
     pub fn step_times(&self) -> Option<StepTimes> {
-        self.timing.map(|(build, wait, _, graph)| StepTimes { graph, queue: build - graph, wait })
+        self.timing.map(|(build, wait, _, graph, _)| StepTimes { graph, queue: build - graph, wait })
     }
 
     /// Prefills `prompt` into `cache` (fresh from `model.make_cache()` or continued) and queues the
@@ -130,7 +132,7 @@ impl<'m> Generator<'m> {
     ) -> Result<Generator<'m>> {
         config.validate(model, prompt)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-        let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0, 0.0));
+        let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0, 0.0, 0.0));
         let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint };
         let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
         let mut history = None;
@@ -220,7 +222,9 @@ impl<'m> Generator<'m> {
         let t0 = std::time::Instant::now();
         let last = self.config.max_tokens == Some(self.n + 1);
         let t1;
-        let mut graph = None;
+        // Host seconds of this token outside the wait: the graphs built (and of them, the forward's
+        // alone) and, constrained, the commit and mask.
+        let (mut graph, mut after, mut mask) = (None, 0.0, 0.0);
         let token;
         if let Some(mut c) = self.constraint.take() {
             // Forward n+1 runs while token n is committed and the mask for n+1 computed.
@@ -230,11 +234,13 @@ impl<'m> Generator<'m> {
             }
             t1 = std::time::Instant::now();
             token = y.item::<u32>()?;
+            let waited = std::time::Instant::now();
             let next = (|| -> Result<Option<(Array, Array)>> {
                 c.commit(token)?;
                 match &logits {
                     Some(l) => {
                         let allowed = c.allowed_bits(self.model.vocab_size() as usize)?;
+                        mask = waited.elapsed().as_secs_f64();
                         let next = self.sample(l, Some(&allowed))?;
                         async_eval(&[&next.0, &next.1])?;
                         Ok(Some(next))
@@ -242,6 +248,7 @@ impl<'m> Generator<'m> {
                     None => Ok(None),
                 }
             })();
+            after = waited.elapsed().as_secs_f64() - mask;
             self.constraint = Some(c);
             self.pending = next?;
         } else {
@@ -255,10 +262,12 @@ impl<'m> Generator<'m> {
             token = y.item::<u32>()?;
         }
         if let Some(t) = self.timing.as_mut() {
-            t.0 += (t1 - t0).as_secs_f64();
-            t.1 += t1.elapsed().as_secs_f64();
+            let wait = t1.elapsed().as_secs_f64() - after - mask;
+            t.0 += (t1 - t0).as_secs_f64() + after;
+            t.1 += wait;
             t.2 += 1;
             t.3 += graph.unwrap_or((t1 - t0).as_secs_f64());
+            t.4 += mask;
         }
         if self.n.is_multiple_of(256) {
             mlx::runtime::clear_cache();

@@ -220,7 +220,7 @@ impl<'m> BatchEngine<'m> {
     pub fn step(&mut self) -> Result<Vec<StepToken>> {
         let waits0 = mlx::host_waits();
         let mut clock = Instant::now();
-        let mut times = [std::time::Duration::ZERO; 6];
+        let mut times = [std::time::Duration::ZERO; 7];
         self.drop_leaving()?;
         lap(&mut times[0], &mut clock);
         if let Some(out) = self.solo_step()? {
@@ -246,6 +246,7 @@ impl<'m> BatchEngine<'m> {
             lap(&mut times[4], &mut clock);
             let vocab = self.model.vocab_size() as usize;
             let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
+            lap(&mut times[6], &mut clock);
             let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
             self.queue(next)?;
             lap(&mut times[3], &mut clock);
@@ -282,14 +283,14 @@ impl<'m> BatchEngine<'m> {
         self.trace.as_mut().map(std::mem::take)
     }
 
-    /// Adds one step's stage times (drop, prefill, join, build, wait, and of build the graph's
-    /// building alone) and its tokens to the trace.
-    fn add_trace(&mut self, times: &[std::time::Duration; 6], tokens: usize, waits0: u64) {
+    /// Adds one step's stage times (drop, prefill, join, build, wait, of build the graph's
+    /// building alone, and the constraints' masks) and its tokens to the trace.
+    fn add_trace(&mut self, times: &[std::time::Duration; 7], tokens: usize, waits0: u64) {
         if let Some(t) = self.trace.as_mut() {
             t.steps += 1;
             t.waits += mlx::host_waits() - waits0;
             t.tokens += tokens;
-            for (stage, d) in [&mut t.drop, &mut t.prefill, &mut t.join, &mut t.build, &mut t.wait, &mut t.graph].into_iter().zip(times) {
+            for (stage, d) in [&mut t.drop, &mut t.prefill, &mut t.join, &mut t.build, &mut t.wait, &mut t.graph, &mut t.mask].into_iter().zip(times) {
                 *stage += *d;
             }
         }

@@ -260,7 +260,7 @@ impl<'m> BatchEngine<'m> {
             solo.draft.handed();
             out.push(StepToken { id: solo.id, token: t.token, logprobs: solo.params.logprobs.then_some(t.logprobs) });
         }
-        let mut times = [std::time::Duration::ZERO; 6];
+        let mut times = [std::time::Duration::ZERO; 7];
         times[3] = start.elapsed();
         self.add_trace(&times, out.len(), waits0);
         Ok(out)

@@ -24,6 +24,8 @@ pub struct StepTrace {
     pub graph: Duration,
     /// Waiting for the current step's tokens (the device's time not hidden behind the host's).
     pub wait: Duration,
+    /// Constrained steps: committing the tokens and computing the next masks on the host.
+    pub mask: Duration,
     /// Calls that could wait for the device (`mlx::host_waits`: evaluations and host reads).
     pub waits: u64,
 }
@@ -38,7 +40,7 @@ impl StepTrace {
     pub fn summary(&self) -> String {
         let per = |d: Duration| 1e3 * d.as_secs_f64() / self.steps.max(1) as f64;
         format!(
-            "{} steps, {} tokens, {} prompt positions in {} prefill forwards; ms/step: drop {:.3}, prefill {:.3}, join {:.3}, build+queue {:.3} (graph {:.3}), wait {:.3}; {:.2} evaluations and host reads/step",
+            "{} steps, {} tokens, {} prompt positions in {} prefill forwards; ms/step: drop {:.3}, prefill {:.3}, join {:.3}, build+queue {:.3} (graph {:.3}), wait {:.3}, mask {:.3}; {:.2} evaluations and host reads/step",
             self.steps,
             self.tokens,
             self.prefill_positions,
@@ -49,6 +51,7 @@ impl StepTrace {
             per(self.build),
             per(self.graph),
             per(self.wait),
+            per(self.mask),
             self.waits as f64 / self.steps.max(1) as f64
         )
     }
