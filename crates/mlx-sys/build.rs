@@ -34,6 +34,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/norm.cpp");
     println!("cargo:rerun-if-changed=shim/qmm.cpp");
     println!("cargo:rerun-if-changed=shim/attention.cpp");
+    println!("cargo:rerun-if-changed=shim/mask.cpp");
     println!("cargo:rerun-if-changed=shim/internal.h");
 
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
@@ -57,6 +58,7 @@ fn main() {
         .file("shim/norm.cpp")
         .file("shim/qmm.cpp")
         .file("shim/attention.cpp")
+        .file("shim/mask.cpp")
         .file("shim/jit.cpp")
         .flag(format!("-isystem{}", include.display()))
         .flag_if_supported("-Wno-unused-parameter")

@@ -119,12 +119,16 @@ class JitKernel {
  public:
   JitKernel(std::string name, std::string source) : name_(std::move(name)), source_(std::move(source)) {}
   // Outputs of `shapes` / `dtypes`; the kernel's parameters are the inputs' and outputs' device
-  // pointers, `scalars`, then the strides (elements, one an axis, as ints) of each input marked in
-  // `strided` (every other input must be row-contiguous); `grid` in blocks, `block` a block's threads.
+  // pointers, with `host` words given the address of a copy of them in page-locked host memory the
+  // kernel reads directly (data written by the host for one launch, without an MLX array: MLX's
+  // CUDA arrays made from host data are managed memory, which the host's write and the device's
+  // read each migrate), then `scalars`, then the strides (elements, one an axis, as ints) of each
+  // input marked in `strided` (every other input must be row-contiguous); `grid` in blocks,
+  // `block` a block's threads.
   std::vector<mx::array> launch(const std::vector<mx::array>& inputs, const std::vector<mx::Shape>& shapes,
                                 const std::vector<mx::Dtype>& dtypes, std::vector<int> scalars,
                                 std::vector<bool> strided, std::array<unsigned, 3> grid,
-                                std::array<unsigned, 3> block);
+                                std::array<unsigned, 3> block, std::vector<uint32_t> host = {});
   // The loaded CUDA function (a CUfunction), compiled and loaded on first use.
   void* function();
   const std::string& name() const {
@@ -148,10 +152,12 @@ const char* jit_type(mx::Dtype dtype);
 bool jit_available();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
 // gathered products (qmm.cpp), the residual add with the RMS norm (norm.cpp), attention of a few
-// query positions (attention.cpp), the gated-delta recurrence (recurrent.cpp).
+// query positions (attention.cpp), the gated-delta recurrence (recurrent.cpp), the token mask
+// (mask.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
 std::vector<std::pair<std::string, std::string>> add_rms_norm_sources();
 std::vector<std::pair<std::string, std::string>> sdpa_few_sources();
 std::vector<std::pair<std::string, std::string>> gated_delta_sources();
+std::vector<std::pair<std::string, std::string>> mask_tokens_sources();
 
 }  // namespace shim

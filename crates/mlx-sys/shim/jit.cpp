@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <filesystem>
@@ -107,12 +108,17 @@ const Encoder& encoder_fns() {
   return e;
 }
 
-// The CUDA driver's module loading (libcuda, in the process through libmlx).
+// The CUDA driver's module loading and page-locked host memory (libcuda, in the process through
+// libmlx).
 struct Driver {
   using Load = int (*)(CUmod_st**, const void*);
   using Function = int (*)(CUfunc_st**, CUmod_st*, const char*);
+  using HostAlloc = int (*)(void**, size_t, unsigned);
+  using HostDevicePointer = int (*)(unsigned long long*, void*, unsigned);
   Load load = nullptr;
   Function function = nullptr;
+  HostAlloc host_alloc = nullptr;
+  HostDevicePointer host_device_pointer = nullptr;
   bool ok = false;
 };
 
@@ -121,15 +127,78 @@ const Driver& driver() {
     Driver r;
     find(r.load, "cuModuleLoadData");
     find(r.function, "cuModuleGetFunction");
-    r.ok = r.load && r.function;
+    find(r.host_alloc, "cuMemHostAlloc");
+    find(r.host_device_pointer, "cuMemHostGetDevicePointer_v2");
+    r.ok = r.load && r.function && r.host_alloc && r.host_device_pointer;
     return r;
   }();
   return d;
 }
 
+// MLX's CommandEncoder::add_completed_handler (exported): runs a function once the work queued so
+// far has completed on the device.
+using AddCompleted = void (*)(void*, std::function<void()>);
+AddCompleted add_completed() {
+  static const AddCompleted f = [] {
+    AddCompleted r = nullptr;
+    find(r, "_ZN3mlx4core2cu14CommandEncoder21add_completed_handlerESt8functionIFvvEE");
+    return r;
+  }();
+  return f;
+}
+
+// Page-locked host blocks, mapped into the device's address space, for the words a launch reads
+// from the host (JitKernel::launch's `host`): a block is taken when its launch is encoded and given
+// back when the device has run it (add_completed), then reused; never freed.
+class HostBlocks {
+ public:
+  struct Block {
+    void* host;
+    unsigned long long device;
+    size_t bytes;
+  };
+  Block take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> held(lock_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].bytes >= bytes) {
+          Block b = free_[i];
+          free_.erase(free_.begin() + static_cast<long>(i));
+          return b;
+        }
+      }
+    }
+    Block b{nullptr, 0, std::max<size_t>(bytes, 64 * 1024)};
+    const Driver& d = driver();
+    // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+    if (int rc = d.host_alloc(&b.host, b.bytes, 0x01 | 0x02); rc != 0) {
+      throw std::runtime_error("the CUDA driver could not allocate " + std::to_string(b.bytes) +
+                               " bytes of page-locked host memory (error " + std::to_string(rc) + ")");
+    }
+    if (int rc = d.host_device_pointer(&b.device, b.host, 0); rc != 0) {
+      throw std::runtime_error("the CUDA driver gave no device address for page-locked host memory (error " +
+                               std::to_string(rc) + ")");
+    }
+    return b;
+  }
+  void give_back(Block b) {
+    std::lock_guard<std::mutex> held(lock_);
+    free_.push_back(b);
+  }
+
+ private:
+  std::mutex lock_;
+  std::vector<Block> free_;
+};
+
+HostBlocks& host_blocks() {
+  static auto* blocks = new HostBlocks();
+  return *blocks;
+}
+
 // Whether everything a JitKernel needs is in the process: NVRTC, the CUDA driver, MLX's encoder.
 bool runtime_found() {
-  return nvrtc().ok && encoder_fns().ok && driver().ok;
+  return nvrtc().ok && encoder_fns().ok && driver().ok && add_completed() != nullptr;
 }
 
 // A kernel source as compiled: its text with KNAME defined as the function's (and module's) name.
@@ -150,18 +219,20 @@ int as_int(int64_t v, const std::string& kernel) {
   return static_cast<int>(v);
 }
 
-// One launch of a JitKernel: inputs' and outputs' data pointers, the scalars, then the strides
-// (elements, one an axis) of each input marked strided; every other input must be row-contiguous.
+// One launch of a JitKernel: inputs' and outputs' data pointers, the host words' device address
+// (where there are any), the scalars, then the strides (elements, one an axis) of each input marked
+// strided; every other input must be row-contiguous.
 class JitPrimitive : public mx::Primitive {
  public:
   JitPrimitive(mx::Stream stream, JitKernel& kernel, std::vector<int> scalars, std::vector<bool> strided,
-               std::array<unsigned, 3> grid, std::array<unsigned, 3> block)
+               std::array<unsigned, 3> grid, std::array<unsigned, 3> block, std::vector<uint32_t> host)
       : mx::Primitive(stream),
         kernel_(kernel),
         scalars_(std::move(scalars)),
         strided_(std::move(strided)),
         grid_(grid),
-        block_(block) {}
+        block_(block),
+        host_(std::move(host)) {}
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error(kernel_.name() + " runs on a CUDA GPU only");
@@ -190,6 +261,13 @@ class JitPrimitive : public mx::Primitive {
       pointers.push_back(device_ptr(out));
       fns.set_output(encoder, out);
     }
+    if (!host_.empty()) {
+      const size_t bytes = host_.size() * sizeof(uint32_t);
+      HostBlocks::Block block = host_blocks().take(bytes);
+      std::memcpy(block.host, host_.data(), bytes);
+      pointers.push_back(reinterpret_cast<void*>(static_cast<uintptr_t>(block.device)));
+      add_completed()(encoder, [block] { host_blocks().give_back(block); });
+    }
     std::vector<void*> params;
     params.reserve(pointers.size() + ints.size());
     for (auto& p : pointers) {
@@ -211,6 +289,7 @@ class JitPrimitive : public mx::Primitive {
   std::vector<int> scalars_;
   std::vector<bool> strided_;
   std::array<unsigned, 3> grid_, block_;
+  std::vector<uint32_t> host_;
 };
 
 // The default GPU's compute capability as "90" (sm_90).
@@ -428,11 +507,12 @@ void* JitKernel::function() {
 std::vector<mx::array> JitKernel::launch(const std::vector<mx::array>& inputs, const std::vector<mx::Shape>& shapes,
                                          const std::vector<mx::Dtype>& dtypes, std::vector<int> scalars,
                                          std::vector<bool> strided, std::array<unsigned, 3> grid,
-                                         std::array<unsigned, 3> block) {
+                                         std::array<unsigned, 3> block, std::vector<uint32_t> host) {
   auto stream = mx::default_stream(mx::default_device());
-  return mx::array::make_arrays(
-      shapes, dtypes,
-      std::make_shared<JitPrimitive>(stream, *this, std::move(scalars), std::move(strided), grid, block), inputs);
+  return mx::array::make_arrays(shapes, dtypes,
+                                std::make_shared<JitPrimitive>(stream, *this, std::move(scalars), std::move(strided),
+                                                               grid, block, std::move(host)),
+                                inputs);
 }
 
 JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source) {
@@ -466,6 +546,9 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
       all.push_back(std::move(s));
     }
     for (auto& s : shim::gated_delta_sources()) {
+      all.push_back(std::move(s));
+    }
+    for (auto& s : shim::mask_tokens_sources()) {
       all.push_back(std::move(s));
     }
     *compiled = 0;

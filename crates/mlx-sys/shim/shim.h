@@ -123,6 +123,11 @@ int mlxs_gated_delta_kernel(mlxs_array* y, mlxs_array* state_out, const mlxs_arr
    (same shape and a floating dtype for x, y and w, w of length D), else MLX's two operations. */
 int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const mlxs_array y, const mlxs_array w,
                       float eps, int kernel);
+/* logits (rows, vocab) with each token whose bit is clear in its row's packed words (rows x ceil(vocab / 32)
+   words, bit t % 32 of word t / 32) set to -inf, as one CUDA kernel reading the words from page-locked host
+   memory (mask.cpp); *out is left null where that kernel does not run (not a CUDA GPU, MLX_GEN_MASK_KERNEL=0,
+   logits not 2-D floats). */
+int mlxs_mask_tokens(mlxs_array* out, const mlxs_array logits, const uint32_t* words, size_t n_words);
 /* x (M, K) @ dequantize(w)ᵀ for 1 <= M <= 8 rows as one CUDA kernel (qmm.cpp) where the default device
    is a CUDA GPU and the product suits it (affine 4- or 8-bit, group 32/64/128, 16-bit floats), else
    MLX's quantized_matmul (transposed). */

@@ -214,6 +214,7 @@ extern "C" {
         eps: f32,
         kernel: c_int,
     ) -> c_int;
+    pub fn mlxs_mask_tokens(out: *mut mlxs_array, logits: mlxs_array, words: *const u32, n_words: usize) -> c_int;
     pub fn mlxs_gated_delta_kernel(
         y: *mut mlxs_array,
         state_out: *mut mlxs_array,

@@ -515,6 +515,15 @@ pub fn add_rms_norm(x: &Handle, y: &Handle, w: &Handle, eps: f32, kernel: bool) 
     Ok((h, out))
 }
 
+/// logits (rows, vocab) with every token whose bit is clear in `words` (rows x ceil(vocab / 32),
+/// bit t % 32 of word t / 32) set to -inf, as one CUDA kernel; `None` where it does not run (not a
+/// CUDA GPU, `MLX_GEN_MASK_KERNEL=0`, logits not 2-D floats).
+pub fn mask_tokens(logits: &Handle, words: &[u32]) -> Result<Option<Handle>> {
+    let mut out: ffi::mlxs_array = ptr::null_mut();
+    check(unsafe { ffi::mlxs_mask_tokens(&mut out, logits.raw(), words.as_ptr(), words.len()) })?;
+    Ok(NonNull::new(out).map(Handle))
+}
+
 /// Which gated-delta function [`gated_delta`] calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatedDelta {

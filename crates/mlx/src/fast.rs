@@ -63,6 +63,15 @@ pub fn add_rms_norm(x: &Array, y: &Array, w: &Array, eps: f32, kernel: bool) -> 
     Ok((Array::from_handle(h), Array::from_handle(out)))
 }
 
+/// logits (rows, vocab) with every token whose bit is clear in its row's packed `words` (rows x
+/// ceil(vocab / 32) words, bit t % 32 of word t / 32) set to -inf, as one CUDA kernel that reads the
+/// words from page-locked host memory; `None` where that kernel does not run (the caller composes
+/// the mask of MLX operations).
+#[track_caller]
+pub fn mask_tokens(logits: &Array, words: &[u32]) -> Result<Option<Array>> {
+    Ok(ctx("mask_tokens", sys::mask_tokens(logits.handle(), words))?.map(Array::from_handle))
+}
+
 /// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K): on a CUDA GPU, for 1 <= M <= 8 rows of bfloat16 or float16
 /// and affine 4- or 8-bit weights in groups of 32, 64 or 128, one kernel of ours that reads each
 /// weight once for all rows in 16-byte packs (MLX's reads it once a row up to 7 rows with a

@@ -52,13 +52,17 @@ thread_local! {
 }
 
 /// `logits` (rows, vocab) with every token the packed masks `words` (rows x [`mask_words`]
-/// words, row after row, see [`pack_bits`]) do not allow set to -inf; the bits are unpacked on the
-/// device (a word gathered per token, divided by its bit's value, modulo 2).
+/// words, row after row, see [`pack_bits`]) do not allow set to -inf. On a CUDA GPU one kernel
+/// reads the words from page-locked host memory (`mlx::fast::mask_tokens`); elsewhere the bits are
+/// unpacked by MLX operations (a word gathered per token, divided by its bit's value, modulo 2).
 pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
     let (rows, vocab) = (logits.dim(0), logits.dim(-1));
     let per_row = mask_words(vocab as usize);
     if logits.ndim() != 2 || words.len() != rows as usize * per_row {
         return Err(EngineError::Invalid(format!("a packed token mask of {} words for logits of shape {:?}", words.len(), logits.shape())));
+    }
+    if let Some(masked) = mlx::fast::mask_tokens(logits, words)? {
+        return Ok(masked);
     }
     let (word_of, bit) = UNPACK.with(|u| -> Result<(Array, Array)> {
         let mut u = u.borrow_mut();
