@@ -305,34 +305,41 @@ constrained)
     timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --server mlx-gen --concurrency 1,8 --max-tokens 128 --json-schema /tmp/schema.json --out "$out/serve_schema_$r.json" | tail -4
   done
   # TRACE=1: the token mask by our kernel (words read from page-locked host memory) against MLX's operations
-  # (MLX_GEN_MASK_KERNEL=0): greedy tokens and log-probabilities, then where a token's time goes (MLX_GEN_TRACE:
-  # the wait for the token, the host's commit and mask, the graphs), 3 alternating rounds of free / JSON schema
-  # with each / a regex allowing every token (the engine's masking without llguidance's work), on the CLI, then
-  # the server's engine at 8 streams, free and constrained with each.
+  # (MLX_GEN_MASK_KERNEL=0): greedy tokens and log-probabilities (each also against a second run of itself),
+  # then where a token's time goes (MLX_GEN_TRACE: the wait for the token, the host's commit and mask, the
+  # graphs), alternating rounds of free / JSON schema with each / a regex allowing every token (the engine's
+  # masking without llguidance's work) on the CLI, then the server's engine at 8 streams.
   [ -n "${TRACE:-}" ] || exit 0
-  for k in 0 1; do
+  rm -f /tmp/mk*.json
+  for k in 0 0 1 1; do
+    f=/tmp/mk$k.json; [ ! -f "$f" ] || f=/tmp/mk${k}b.json
     MLX_GEN_MASK_KERNEL=$k ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --temp 0 --output json \
-        --logprobs --json-schema /tmp/schema.json 2>/dev/null | tail -1 > "/tmp/mk$k.json"
+        --logprobs --json-schema /tmp/schema.json 2>/dev/null | tail -1 > "$f"
   done
-  echo "== mask kernel against MLX's operations (JSON schema, greedy 256): $(same_tokens /tmp/mk0.json /tmp/mk1.json)"
+  echo "== mask kernel against MLX's operations (JSON schema, greedy 256): $(same_tokens /tmp/mk0.json /tmp/mk1.json);" \
+       "operations run twice: $(same_tokens /tmp/mk0.json /tmp/mk0b.json); kernel run twice: $(same_tokens /tmp/mk1.json /tmp/mk1b.json)"
   cli() {
     local label=$1 k=$2 out; shift 2
     out=$(MLX_GEN_MASK_KERNEL=$k MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 \
         --output json "$@" 2>/tmp/cli.err | tps)
     echo "== round $r $label MLX_GEN_MASK_KERNEL=$k: $out | $(grep -E '^trace: [0-9]+ tokens' /tmp/cli.err)"
   }
-  for r in 1 2 3; do
+  for r in ${TRACE_CLI_ROUNDS-1 2 3}; do
     cli free 1
     cli schema 1 --json-schema /tmp/schema.json
     cli schema 0 --json-schema /tmp/schema.json
     cli any 1 --regex '[\s\S]*'
   done
-  for a in free:1 schema:1 schema:0; do
-    extra=(); [ "${a%%:*}" = free ] || extra=(--json-schema /tmp/schema.json)
-    echo "-- server, 8 streams, ${a%%:*}, MLX_GEN_MASK_KERNEL=${a##*:}"
-    MLX_GEN_MASK_KERNEL=${a##*:} MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" \
-        --server mlx-gen --concurrency 8 --max-tokens 128 "${extra[@]}" --server-log "$out/constrained-trace-${a/:/-}" | tail -2
-    grep -E '^trace: engine' "$out/constrained-trace-${a/:/-}.mlx-gen.log" | tail -2
+  # The server: free, constrained (the masks on the pool of threads), constrained with the rows' masks one
+  # after another (MLX_GEN_MASK_POOL=0), 8 streams, TRACE_SERVER_ROUNDS alternating rounds.
+  for r in ${TRACE_SERVER_ROUNDS-1 2}; do
+    for a in free:1 schema:1 schema:0; do
+      extra=(); [ "${a%%:*}" = free ] || extra=(--json-schema /tmp/schema.json)
+      echo "-- round $r server, 8 streams, ${a%%:*}, MLX_GEN_MASK_POOL=${a##*:}"
+      MLX_GEN_MASK_POOL=${a##*:} MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" \
+          --server mlx-gen --concurrency 8 --max-tokens 128 "${extra[@]}" --server-log "$out/constrained-trace-$r-${a/:/-}" | grep "streams:"
+      grep -E '^trace: engine' "$out/constrained-trace-$r-${a/:/-}.mlx-gen.log" | tail -1
+    done
   done
   ;;
 stall)
