@@ -330,13 +330,13 @@ constrained)
     cli schema 0 --json-schema /tmp/schema.json
     cli any 1 --regex '[\s\S]*'
   done
-  # The server: free, constrained (the masks on the pool of threads), constrained with the rows' masks one
-  # after another (MLX_GEN_MASK_POOL=0), 8 streams, TRACE_SERVER_ROUNDS alternating rounds.
+  # The server's engine at 8 streams: free, constrained with the mask kernel, constrained with MLX's operations
+  # (MLX_GEN_MASK_KERNEL=0), TRACE_SERVER_ROUNDS alternating rounds.
   for r in ${TRACE_SERVER_ROUNDS-1 2}; do
     for a in free:1 schema:1 schema:0; do
       extra=(); [ "${a%%:*}" = free ] || extra=(--json-schema /tmp/schema.json)
-      echo "-- round $r server, 8 streams, ${a%%:*}, MLX_GEN_MASK_POOL=${a##*:}"
-      MLX_GEN_MASK_POOL=${a##*:} MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" \
+      echo "-- round $r server, 8 streams, ${a%%:*}, MLX_GEN_MASK_KERNEL=${a##*:}"
+      MLX_GEN_MASK_KERNEL=${a##*:} MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" \
           --server mlx-gen --concurrency 8 --max-tokens 128 "${extra[@]}" --server-log "$out/constrained-trace-$r-${a/:/-}" | grep "streams:"
       grep -E '^trace: engine' "$out/constrained-trace-$r-${a/:/-}.mlx-gen.log" | tail -1
     done

@@ -81,35 +81,17 @@ pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
 }
 
 /// How long [`commit_and_mask`] goes through rows one after another before it hands the rest to
-/// threads, where it starts a thread a row (a machine of fewer than [`POOL_CORES`] cores).
-/// llguidance's mask over Qwen2.5's 151,936 ids inside a JSON string takes about 15 us a row
-/// (`mask_host_cost`), far less than starting a thread: 8 rows took 123-290 us a step one after
+/// threads. llguidance's mask over Qwen2.5's 151,936 ids inside a JSON string takes about 15 us a
+/// row (`mask_host_cost`), far less than starting a thread: 8 rows took 123-290 us a step one after
 /// another and 830-2,150 us on a thread each (2 loaded cores; BENCHMARKS.md, 2026-12-06 fourth
 /// session). A grammar whose masks are slow still gets threads for all but its first rows.
 const SERIAL_BUDGET: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// From this many cores [`commit_and_mask`] computes the rows' masks on rayon's pool of threads
-/// (started once, idle between steps; `MLX_GEN_MASK_POOL=0` never): on an H100 host's 16 cores 8
-/// rows one after another took 0.12-0.14 ms of a 4.4 ms batch step whose host work is its whole
-/// time (BENCHMARKS.md, 2026-12-07).
-const POOL_CORES: usize = 4;
-
 /// Commits each row's chosen token to its constraint and computes the row's next mask (packed, see
-/// [`pack_bits`]): `rows` pairs each constraint (none for a free row) with its token; the result
-/// keeps the rows' order, and a row's error is the call's. With two or more constrained rows on a
-/// machine of [`POOL_CORES`] cores or more the rows run on a pool of threads; otherwise they are
-/// taken in order until 200 us (`SERIAL_BUDGET`) have passed, then, if two or more are left, each
-/// of those runs on a thread of its own (a batch step waits for the slowest mask).
+/// [`pack_bits`]): `rows` pairs each constraint (none for a free row) with its token. Rows are
+/// taken in order until 200 us (`SERIAL_BUDGET`) have passed; then, if two or more are left, each of those
+/// runs on its own thread (a batch step waits for the slowest mask).
 pub fn commit_and_mask(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, vocab: usize) -> Result<Vec<Option<Vec<u32>>>> {
-    static POOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let pool = *POOL.get_or_init(|| {
-        std::env::var("MLX_GEN_MASK_POOL").as_deref() != Ok("0") && std::thread::available_parallelism().is_ok_and(|n| n.get() >= POOL_CORES)
-    });
-    commit_and_mask_with(rows, vocab, pool)
-}
-
-/// [`commit_and_mask`] with the pool of threads used (`pool`) or not.
-fn commit_and_mask_with(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>, vocab: usize, pool: bool) -> Result<Vec<Option<Vec<u32>>>> {
     let step = |c: Option<&mut Box<dyn TokenConstraint>>, token: u32| -> Result<Option<Vec<u32>>> {
         match c {
             Some(c) => {
@@ -119,10 +101,6 @@ fn commit_and_mask_with(rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)>,
             None => Ok(None),
         }
     };
-    if pool && rows.iter().filter(|(c, _)| c.is_some()).count() >= 2 {
-        use rayon::prelude::*;
-        return rows.into_par_iter().map(|(c, t)| step(c, t)).collect();
-    }
     let start = std::time::Instant::now();
     let mut out = Vec::with_capacity(rows.len());
     let mut rows = rows.into_iter();
@@ -221,27 +199,26 @@ mod tests {
     #[test]
     fn rows_are_committed_and_masked_in_order_one_after_another_or_on_threads() {
         // Cheap masks run one after another; masks of 150 us each spend the serial budget after
-        // two rows, and the last five run on threads; with the pool, every row on its threads:
-        // the same masks, in the rows' order.
-        for (cost, pool) in [(0u64, false), (150, false), (0, true), (150, true)] {
+        // two rows, and the last five run on threads: the same masks, in the rows' order.
+        for cost in [0u64, 150] {
             let cost = std::time::Duration::from_micros(cost);
             let mut cs: Vec<Box<dyn TokenConstraint>> = (0..6).map(|_| Box::new(NotAgain(None, cost)) as Box<dyn TokenConstraint>).collect();
             let mut it = cs.iter_mut();
             // Rows: constrained, free, constrained x 5, each with its own token.
             let mut rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)> = vec![(it.next(), 0), (None, 1)];
             rows.extend(it.enumerate().map(|(i, c)| (Some(c), i as u32 + 2)));
-            let masks = commit_and_mask_with(rows, 8, pool).expect("masks");
+            let masks = commit_and_mask(rows, 8).expect("masks");
             assert_eq!(masks.len(), 7);
             assert!(masks[1].is_none());
             for (row, token) in [(0usize, 0usize), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)] {
                 let m = unpack_bits(masks[row].as_ref().expect("a constrained row's mask"), 8);
-                assert!(!m[token] && m.iter().filter(|&&a| a).count() == 7, "{cost:?} {pool}, row {row}: {m:?}");
+                assert!(!m[token] && m.iter().filter(|&&a| a).count() == 7, "{cost:?}, row {row}: {m:?}");
             }
             // A row's error is the call's error, one after another or on threads.
             let mut r: Vec<Box<dyn TokenConstraint>> = (0..4).map(|_| Box::new(NotAgain(None, cost)) as Box<dyn TokenConstraint>).collect();
-            assert!(commit_and_mask_with(vec![(Some(&mut r[0]), 99)], 8, pool).is_err());
+            assert!(commit_and_mask(vec![(Some(&mut r[0]), 99)], 8).is_err());
             let rows: Vec<(Option<&mut Box<dyn TokenConstraint>>, u32)> = r.iter_mut().zip([1, 2, 3, 99]).map(|(c, t)| (Some(c), t)).collect();
-            assert!(commit_and_mask_with(rows, 8, pool).is_err(), "{cost:?} {pool}");
+            assert!(commit_and_mask(rows, 8).is_err(), "{cost:?}");
         }
     }
 
