@@ -35,6 +35,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/qmm.cpp");
     println!("cargo:rerun-if-changed=shim/attention.cpp");
     println!("cargo:rerun-if-changed=shim/mask.cpp");
+    println!("cargo:rerun-if-changed=shim/elf.cpp");
     println!("cargo:rerun-if-changed=shim/internal.h");
 
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
@@ -59,6 +60,7 @@ fn main() {
         .file("shim/qmm.cpp")
         .file("shim/attention.cpp")
         .file("shim/mask.cpp")
+        .file("shim/elf.cpp")
         .file("shim/jit.cpp")
         .flag(format!("-isystem{}", include.display()))
         .flag_if_supported("-Wno-unused-parameter")

@@ -614,6 +614,24 @@ kserve)
     done
   done
   ;;
+devmem)
+  # Our kernels' outputs in device memory through MLX's own allocator (MLX_GEN_JIT_DEVICE_MEMORY=1) against the
+  # exported allocator's managed memory (the default): greedy tokens and log-probabilities, then decode and pacing
+  # (1,024 tokens: p99 / p50, the slow tokens' positions) in DM_ROUNDS alternating rounds, same MLX settings.
+  for s in ${DM_SHAPES:-llama-3.2-3b qwen2.5-7b}; do
+    d=$(shape_dir $s)
+    for m in 0 1; do
+      MLX_GEN_JIT_DEVICE_MEMORY=$m ./mlx-gen generate --model "$d" --prompt "The capital of France is" -m 128 --temp 0 \
+          --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/dm$m.json"
+    done
+    echo "== $s device memory against managed: $(same_tokens /tmp/dm0.json /tmp/dm1.json)"
+    for r in ${DM_ROUNDS:-1 2 3}; do
+      for m in 0 1; do
+        echo "== $s round $r MLX_GEN_JIT_DEVICE_MEMORY=$m: $(MLX_GEN_JIT_DEVICE_MEMORY=$m MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep -E "^Pacing" | head -1) | $(MLX_GEN_JIT_DEVICE_MEMORY=$m MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
+      done
+    done
+  done
+  ;;
 pacing)
   # Issue 22 item 5: where the slow tokens are (p99 2.36x p50 on Llama-3.2-3B at the second lease of 2026-12-06,
   # mlx-lm 1.13x): each run lists its 12 longest inter-token intervals with the token they ended at (every 256th
@@ -626,6 +644,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -142,6 +142,14 @@ class JitKernel {
   void* function_ = nullptr;
 };
 
+// elf.cpp: the values (addresses relative to the load base) of the functions `names` in the symbol
+// table of the ELF file at `path`, 0 for each it lacks (or where the file cannot be read).
+std::vector<uint64_t> elf_function_values(const std::string& path, const std::vector<std::string>& names);
+// The address of function `name` in the loaded library holding `anchor` (an exported function of
+// it named `anchor_name`), from the library's symbol table; null unless the same lookup gives
+// anchor's own address back.
+void* local_function(void* anchor, const char* anchor_name, const char* name);
+
 // The kernel of variant `key` (a C identifier), its source written by `source` on first use; never
 // destroyed.
 JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source);

@@ -196,6 +196,24 @@ HostBlocks& host_blocks() {
   return *blocks;
 }
 
+// MLX's own allocation of a primitive's output in device memory on the encoder's stream
+// (cu::malloc_async(size, encoder), local to libmlx: elf.cpp finds it), with MLX_GEN_JIT_DEVICE_MEMORY=1;
+// else null, and outputs come from the exported allocator's malloc, which on CUDA is managed memory
+// (and moves a device buffer its cache hands out to managed memory with a synchronous copy).
+using DeviceMalloc = mx::allocator::Data (*)(size_t, void*);
+DeviceMalloc device_malloc() {
+  static const DeviceMalloc f = []() -> DeviceMalloc {
+    const char* v = std::getenv("MLX_GEN_JIT_DEVICE_MEMORY");
+    if (v == nullptr || std::strcmp(v, "1") != 0) {
+      return nullptr;
+    }
+    return reinterpret_cast<DeviceMalloc>(local_function(reinterpret_cast<void*>(encoder_fns().get),
+                                                         "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE",
+                                                         "_ZN3mlx4core2cu12malloc_asyncEmRNS1_14CommandEncoderE"));
+  }();
+  return f;
+}
+
 // Whether everything a JitKernel needs is in the process: NVRTC, the CUDA driver, MLX's encoder.
 bool runtime_found() {
   return nvrtc().ok && encoder_fns().ok && driver().ok && add_completed() != nullptr;
@@ -256,8 +274,9 @@ class JitPrimitive : public mx::Primitive {
       pointers.push_back(device_ptr(in));
       fns.set_input(encoder, in);
     }
+    const DeviceMalloc in_device = device_malloc();
     for (auto& out : outputs) {
-      out.set_data(mx::allocator::malloc(out.nbytes()));
+      out.set_data(in_device != nullptr ? in_device(out.nbytes(), encoder) : mx::allocator::malloc(out.nbytes()));
       pointers.push_back(device_ptr(out));
       fns.set_output(encoder, out);
     }

@@ -215,6 +215,7 @@ extern "C" {
         kernel: c_int,
     ) -> c_int;
     pub fn mlxs_mask_tokens(out: *mut mlxs_array, logits: mlxs_array, words: *const u32, n_words: usize) -> c_int;
+    pub fn mlxs_elf_function_value(path: *const c_char, name: *const c_char, value: *mut u64) -> c_int;
     pub fn mlxs_gated_delta_kernel(
         y: *mut mlxs_array,
         state_out: *mut mlxs_array,

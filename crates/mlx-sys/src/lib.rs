@@ -524,6 +524,15 @@ pub fn mask_tokens(logits: &Handle, words: &[u32]) -> Result<Option<Handle>> {
     Ok(NonNull::new(out).map(Handle))
 }
 
+/// The value of function `name` in the symbol table of the ELF file at `path` (0: none), as the
+/// shim finds MLX's device allocator in libmlx.
+pub fn elf_function_value(path: &str, name: &str) -> Result<u64> {
+    let (path, name) = (cstring(path)?, cstring(name)?);
+    let mut value = 0u64;
+    check(unsafe { ffi::mlxs_elf_function_value(path.as_ptr(), name.as_ptr(), &mut value) })?;
+    Ok(value)
+}
+
 /// Which gated-delta function [`gated_delta`] calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatedDelta {

@@ -103,6 +103,13 @@ pub fn qmm_rows_available() -> bool {
     sys::qmm_rows_available()
 }
 
+/// The value (address relative to the load base) of function `name` in the symbol table of the ELF
+/// file at `path`, 0 where it has none: how the shim finds MLX's device allocator, a function
+/// local to libmlx, for its kernels' outputs (`MLX_GEN_JIT_DEVICE_MEMORY=1`).
+pub fn elf_function_value(path: &str, name: &str) -> Result<u64> {
+    ctx("elf_function_value", sys::elf_function_value(path, name))
+}
+
 /// Compiles representative variants of the engine's own CUDA kernels (the few-row and gathered
 /// quantized products, the residual add with the RMS norm, attention of a few positions, the
 /// gated-delta recurrence; written without headers, as the GPU compiles them at first use) with the

@@ -36,3 +36,25 @@ fn a_missing_library_is_an_error_naming_it() {
     let e = mlx::fast::check_kernel_sources("/nonexistent/libnvrtc.so.13", "90").unwrap_err();
     assert!(e.message.contains("/nonexistent/libnvrtc.so.13"), "{}", e.message);
 }
+
+/// The symbol-table lookup the shim uses to find MLX's device allocator (a function libmlx does not
+/// export), tried on this test executable, whose functions' values are known relative to each
+/// other: two functions' values differ by their addresses' difference; a name that is not there, a
+/// file that is not ELF, and a missing file give 0.
+#[test]
+fn functions_are_found_in_an_elf_symbol_table() {
+    let exe = std::env::current_exe().expect("the test executable");
+    let exe = exe.to_str().expect("a UTF-8 path");
+    let (a, b) = ("mlxs_mask_tokens", "mlxs_elf_function_value");
+    let va = mlx::fast::elf_function_value(exe, a).expect("lookup");
+    let vb = mlx::fast::elf_function_value(exe, b).expect("lookup");
+    assert!(va != 0 && vb != 0, "{va:#x} {vb:#x}");
+    let (pa, pb) = (mlx_sys::ffi::mlxs_mask_tokens as *const () as usize as i128, mlx_sys::ffi::mlxs_elf_function_value as *const () as usize as i128);
+    assert_eq!(va as i128 - vb as i128, pa - pb);
+    assert_eq!(mlx::fast::elf_function_value(exe, "no_such_function_anywhere").expect("lookup"), 0);
+    let text = std::env::temp_dir().join(format!("mlx-gen-not-elf-{}", std::process::id()));
+    std::fs::write(&text, "not an ELF file").expect("write");
+    assert_eq!(mlx::fast::elf_function_value(text.to_str().unwrap(), a).expect("lookup"), 0);
+    std::fs::remove_file(&text).expect("remove");
+    assert_eq!(mlx::fast::elf_function_value("/nonexistent/libmlx.so", a).expect("lookup"), 0);
+}
