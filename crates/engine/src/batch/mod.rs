@@ -244,11 +244,7 @@ impl<'m> BatchEngine<'m> {
             // go to the device in one evaluation, as a free step's forward and sampling do; the
             // forward pass runs while this step's tokens are committed and the next masks computed.
             let logits = self.forward(&current.tokens)?;
-            let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
-            let mut to_eval: Vec<&Array> = vec![&current.tokens, &logits];
-            to_eval.extend(current.logprobs.iter().flatten());
-            to_eval.extend(key_states.iter());
-            async_eval(&to_eval)?;
+            self.start(&current, Some(&logits))?;
             lap(&mut times[3], &mut clock);
             let ids = current.tokens.to_vec::<u32>()?;
             lap(&mut times[4], &mut clock);
@@ -308,12 +304,20 @@ impl<'m> BatchEngine<'m> {
     /// Starts computing `next` (tokens, log-probabilities, the random streams' states) and keeps
     /// it as the step to hand out next.
     fn queue(&mut self, next: Pending) -> Result<()> {
-        let mut to_eval: Vec<&Array> = vec![&next.tokens];
-        to_eval.extend(next.logprobs.iter().flatten());
+        self.start(&next, None)?;
+        self.pending = Some(next);
+        Ok(())
+    }
+
+    /// Starts computing `step` (tokens, log-probabilities, the random streams' states) and, in the
+    /// same evaluation, `also`.
+    fn start(&self, step: &Pending, also: Option<&Array>) -> Result<()> {
+        let mut to_eval: Vec<&Array> = vec![&step.tokens];
+        to_eval.extend(step.logprobs.iter().flatten());
         let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
         to_eval.extend(key_states.iter());
+        to_eval.extend(also);
         async_eval(&to_eval)?;
-        self.pending = Some(next);
         Ok(())
     }
 
