@@ -6,7 +6,7 @@
 // of MLX operations on the GPU (nn/sdpa.rs: MLX's CUDA backend would build a cuDNN graph per shape),
 // five kernels and two cuBLAS products a layer, each of which MLX's host encodes (a 32-row step of a
 // 28-layer model spends about 9 ms of host time a step); here it is one kernel a layer. Measured
-// (BENCHMARKS.md, 2026-12-06 third session, through MLX's custom-kernel API, which wrote its source
+// (BENCHMARKS.md, 2026-12-06c, through MLX's custom-kernel API, which wrote its source
 // again on every call): a Qwen3-0.6B batch step of 2-4 rows 1.3-1.4x faster, but the server at 8 and
 // 32 streams no faster and a 9-position verification slower (the scan of every key once a query and
 // position costs the device more than cuBLAS's products there), so the engine asks for it only with

@@ -225,8 +225,8 @@ bool set_to_one(const char* name) {
 }
 
 // Whether CUDA's recurrence is ours (jit.cpp): by default where it can run, MLX_GEN_GDN_JIT=0 for MLX's
-// cuda_kernel launch of the same arithmetic. On an H100 (`gpu_suite.sh gdnjit`, BENCHMARKS.md 2026-12-06 seventh
-// session) the two gave the same log-probabilities bit for bit over 64 greedy tokens of the Qwen3.5-2B shape.
+// cuda_kernel launch of the same arithmetic. On an H100 (`gpu_suite.sh gdnjit`, BENCHMARKS.md 2026-12-06g)
+// the two gave the same log-probabilities bit for bit over 64 greedy tokens of the Qwen3.5-2B shape.
 bool jit_recurrence() {
   static const bool on = [] {
     const char* v = std::getenv("MLX_GEN_GDN_JIT");

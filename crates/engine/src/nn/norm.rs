@@ -38,8 +38,8 @@ const FUSED_MAX_ROWS: usize = 64;
 /// Whether the residual add and the RMS norm after it run as one kernel of ours for x (..., dims):
 /// by default on a CUDA GPU (where the shim's kernels run) for up to [`FUSED_MAX_ROWS`] rows;
 /// `MLX_GEN_FUSED_NORM=1` for any rows on a GPU (Metal's kernel, written to the same formula, is
-/// untried), `=0` never. Measured on an H100 (`gpu_suite.sh fusednorm`, BENCHMARKS.md 2026-12-06
-/// sixth session): MLX's log-probabilities bit for bit over 64 tokens (hidden sizes 1,024 and
+/// untried), `=0` never. Measured on an H100 (`gpu_suite.sh fusednorm`, BENCHMARKS.md 2026-12-06f):
+/// MLX's log-probabilities bit for bit over 64 tokens (hidden sizes 1,024 and
 /// 3,072); decode 1.14-1.23x on the Qwen3-0.6B shape and 0.91-1.23x (median 1.12x) on
 /// Llama-3.2-3B, 3 rounds each; prefill 0.83x on Llama-3.2-3B, hence the row bound.
 fn fused_add_norm(x: &Array) -> bool {

@@ -178,7 +178,7 @@ impl Quantized {
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
     /// dequantized to x's type and multiplied by the device's dense product (cuBLAS): on a CUDA
     /// GPU, a prompt's chunk of 1,024+ rows whose rows x weight elements reach 4e9. Timed on an H100
-    /// (`prefill_gemm.py`, BENCHMARKS.md 2026-12-06 sixth session), MLX's tiled quantized product
+    /// (`prefill_gemm.py`, BENCHMARKS.md 2026-12-06f), MLX's tiled quantized product
     /// runs at 90-147 TFLOPS at 512-2048 rows, the dequantized copy and cuBLAS at 150-510: Llama-3.2-3B's
     /// 8,192 x 3,072 weight at 2,048 rows 200.9 against 699.8 us, at 512 rows 111.7 against 184.9;
     /// below 512 rows, or for small weights at 512, MLX's is faster. From 128 rows the two gave
@@ -314,7 +314,7 @@ const DEQUANT_MIN_WORK: i64 = 4_000_000_000;
 /// Weights of this many elements or more take the few-row kernel in every model. Since the kernel
 /// is launched by a primitive of ours (the shim's jit.cpp) a call costs the host what MLX's product
 /// does, and every weight through it is as fast as this default on Llama-3.2-3B and Qwen3.5-9B and
-/// 1.5% slower on Qwen3-0.6B (BENCHMARKS.md, 2026-12-06 fifth session): small weights gain nothing.
+/// 1.5% slower on Qwen3-0.6B (BENCHMARKS.md, 2026-12-06e): small weights gain nothing.
 const LARGE_WEIGHT: i64 = 1 << 24;
 
 thread_local! {
@@ -325,9 +325,9 @@ thread_local! {
 /// Runs `f` (a model's forward pass) with every weight's products of a few rows through the
 /// few-row kernel where `device_bound` (the model's decode step is the device's, so the kernel's
 /// host cost is hidden), else only those of weights of 2^24+ elements. Measured on the H100
-/// (BENCHMARKS.md, 2026-12-06 fourth session, decode at prompt 512, 3 rounds): Qwen2.5-7B 1.12-1.48x
+/// (BENCHMARKS.md, 2026-12-06d, decode at prompt 512, 3 rounds): Qwen2.5-7B 1.12-1.48x
 /// faster with the large weights through it, 1.44-1.66x with every weight; Llama-3.2-3B 1.01-1.07x
-/// with the large weights; Qwen3-0.6B unchanged. Launched by our own primitive (fifth session):
+/// with the large weights; Qwen3-0.6B unchanged. Launched by our own primitive (2026-12-06e):
 /// Llama-3.2-3B 1.07x and Qwen3.5-9B 1.13x faster again, Qwen3-0.6B unchanged.
 pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) -> T {
     let before = DEVICE_BOUND.with(|c| c.replace(device_bound));

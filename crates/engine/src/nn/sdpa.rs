@@ -57,8 +57,8 @@ const FEW_MAX_POSITIONS: i32 = 16;
 
 /// Whether the few-position attention the GPU composes runs as one CUDA kernel of ours instead
 /// ([`fast::sdpa_few`]: one kernel a layer where the composed path has five and two cuBLAS
-/// products): `MLX_GEN_ATTN_KERNEL=1`. Off by default: measured (BENCHMARKS.md, 2026-12-06 third
-/// session) a Qwen3-0.6B batch step of 2 / 4 rows is 1.3-1.4x faster with it, but the server at 8
+/// products): `MLX_GEN_ATTN_KERNEL=1`. Off by default: measured (BENCHMARKS.md, 2026-12-06c)
+/// a Qwen3-0.6B batch step of 2 / 4 rows is 1.3-1.4x faster with it, but the server at 8
 /// and 32 streams was 0.82-0.92x on the H100 (1.11x at 32 on the H200) and a verification of 9
 /// positions slower (Llama-3.2-3B shape 11.5 against 9.8 ms a round), then through MLX's
 /// custom-kernel API; now launched by the shim's own primitive (jit.cpp), to be measured again.

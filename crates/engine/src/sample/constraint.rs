@@ -83,8 +83,8 @@ pub fn apply_mask_bits(logits: &Array, words: &[u32]) -> Result<Array> {
 /// How long [`commit_and_mask`] goes through rows one after another before it hands the rest to
 /// threads. llguidance's mask over Qwen2.5's 151,936 ids inside a JSON string takes about 15 us a
 /// row (`mask_host_cost`), far less than starting a thread: 8 rows took 123-290 us a step one after
-/// another and 830-2,150 us on a thread each (2 loaded cores; BENCHMARKS.md, 2026-12-06 fourth
-/// session). A grammar whose masks are slow still gets threads for all but its first rows.
+/// another and 830-2,150 us on a thread each (2 loaded cores; BENCHMARKS.md, 2026-12-06d).
+/// A grammar whose masks are slow still gets threads for all but its first rows.
 const SERIAL_BUDGET: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Commits each row's chosen token to its constraint and computes the row's next mask (packed, see
