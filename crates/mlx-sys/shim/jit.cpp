@@ -207,9 +207,15 @@ DeviceMalloc device_malloc() {
     if (v == nullptr || std::strcmp(v, "1") != 0) {
       return nullptr;
     }
-    return reinterpret_cast<DeviceMalloc>(local_function(reinterpret_cast<void*>(encoder_fns().get),
-                                                         "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE",
-                                                         "_ZN3mlx4core2cu12malloc_asyncEmRNS1_14CommandEncoderE"));
+    auto found = reinterpret_cast<DeviceMalloc>(local_function(reinterpret_cast<void*>(encoder_fns().get),
+                                                               "_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE",
+                                                               "_ZN3mlx4core2cu12malloc_asyncEmRNS1_14CommandEncoderE"));
+    if (found == nullptr) {
+      std::fprintf(stderr,
+                   "warning: MLX_GEN_JIT_DEVICE_MEMORY=1: MLX's device allocation was not found in its library's "
+                   "symbol table; our kernels' outputs stay in MLX's managed memory\n");
+    }
+    return found;
   }();
   return f;
 }
