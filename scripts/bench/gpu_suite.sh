@@ -614,6 +614,30 @@ kserve)
     done
   done
   ;;
+tile)
+  # The few-row kernel's tiled form for 8-64 rows (issue 20's 32-stream step; MLX_GEN_QMM_TILE=1) against MLX's
+  # tiled product: error and time for each weight shape and row count, each (columns, rows) shape at 16 and 32
+  # rows, then the engine's batch step with it and without (2 alternating rounds), then the server at 1/8/32
+  # streams (TILE_ROUNDS alternating rounds, default 1).
+  ./batch_step_cost --qmm 8 16 32 64
+  for sh in 1x32 4x16 4x8; do
+    echo "-- MLX_GEN_QMM_TILE_SHAPE=$sh"; MLX_GEN_QMM_TILE_SHAPE=$sh ./batch_step_cost --qmm 16 32 | grep -E 'x3072 |x3584 '
+  done
+  for s in qwen3-0.6b llama-3.2-3b; do
+    d=$(shape_dir $s)
+    for t in 0 1 0 1; do echo "-- $s batch step MLX_GEN_QMM_TILE=$t"; MLX_GEN_QMM_TILE=$t ./batch_step_cost "$d" 1 8 16 32; done
+  done
+  for s in qwen3-0.6b llama-3.2-3b; do
+    for r in ${TILE_ROUNDS:-1}; do
+      for t in 0 1; do
+        echo "-- $s round $r server MLX_GEN_QMM_TILE=$t"
+        MLX_GEN_QMM_TILE=$t MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
+            --model "$(shape_dir $s)" --concurrency 1,8,32 --max-tokens 128 --server-log "$out/tile-$s-$r-$t" | grep -E "streams:"
+        grep -E "^trace: engine" "$out/tile-$s-$r-$t.mlx-gen.log" | tail -1
+      done
+    done
+  done
+  ;;
 devmem)
   # Our kernels' outputs in device memory through MLX's own allocator (MLX_GEN_JIT_DEVICE_MEMORY=1) against the
   # exported allocator's managed memory (the default): greedy tokens and log-probabilities, then decode and pacing
@@ -644,6 +668,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (tile, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -10,7 +10,7 @@
 //! steps' stage split (`MLX_GEN_TRACE`).
 //!
 //! `batch_step_cost --qmm [ROWS...]`: the quantized product of a few rows (`mlx::fast::qmm_rows`,
-//! ours on a CUDA GPU) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of the shapes of
+//! ours on a CUDA GPU; 8-64 rows its tiled form) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of the shapes of
 //! a Llama-3.2-3B layer and of a Qwen2.5-7B layer (fused projections): the largest difference
 //! relative to MLX's largest output, microseconds a product of each (100 products queued at once,
 //! median of 6 such batches) and the weight bytes read a second at that pace.

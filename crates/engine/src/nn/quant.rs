@@ -169,10 +169,19 @@ impl Quantized {
     /// (MLX's CUDA backend multiplies them one row at a time with a matrix-vector kernel that reads
     /// the weight at a fraction of the memory bandwidth; from 8 rows its tiled product takes over) of
     /// a weight large enough on a CUDA GPU ([`with_device_bound_decode`] tells which).
+    ///
+    /// With `MLX_GEN_QMM_TILE=1`, also 8-64 rows of a batch step (a position a sequence) through the
+    /// kernel's tiled form, every weight: MLX's tiled product reads a weight at a small fraction of
+    /// the memory bandwidth there (3072 x 3072 at 32 rows: 61 us on the H100), most of a 32-sequence
+    /// step. Never a single sequence's prompt chunk (1, L, in), which keeps MLX's kernels as mlx-lm.
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
         // The switch first: off (not a CUDA GPU) it costs a decode step's products nothing.
         let Some(min_elements) = few_rows_kernel() else { return false };
-        (1..=7).contains(&super::rows(x)) && self.matrix_elements() >= min_elements
+        let rows = super::rows(x);
+        if (8..=64).contains(&rows) {
+            return tiled_rows() && !(x.ndim() == 3 && x.dim(0) == 1);
+        }
+        (1..=7).contains(&rows) && self.matrix_elements() >= min_elements
     }
 
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
@@ -334,6 +343,13 @@ pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) ->
     let out = f();
     DEVICE_BOUND.with(|c| c.set(before));
     out
+}
+
+/// Whether 8-64 rows of a batch step take the few-row kernel's tiled form (`MLX_GEN_QMM_TILE=1`;
+/// off until measured against MLX's tiled product on the device).
+fn tiled_rows() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_TILE").is_ok_and(|v| v == "1"))
 }
 
 /// The smallest weight (in elements) whose products of a few rows take the kernel, or none.
