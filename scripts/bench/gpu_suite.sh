@@ -620,7 +620,7 @@ tile)
   # rows, then the engine's batch step with it and without (2 alternating rounds), then the server at 1/8/32
   # streams (TILE_ROUNDS alternating rounds, default 1).
   ./batch_step_cost --qmm 8 16 32 64
-  for sh in 1x32 4x16 4x8; do
+  for sh in 2x32 2x32w 2x16w 1x32 4x16 4x8; do
     echo "-- MLX_GEN_QMM_TILE_SHAPE=$sh"; MLX_GEN_QMM_TILE_SHAPE=$sh ./batch_step_cost --qmm 16 32 | grep -E 'x3072 |x3584 '
   done
   for s in qwen3-0.6b llama-3.2-3b; do

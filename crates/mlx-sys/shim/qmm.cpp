@@ -225,22 +225,22 @@ const char* kCudaBody = R"(
 // The tiled form for 8-64 rows (a batch decode step of 8-64 sequences, a padded verification):
 // MLX 0.32's tiled product reads a 3072 x 3072 4-bit weight for 32 rows in about 61 us on the H100
 // (77 GB/s), most of a 32-sequence batch step. Here a thread owns R output columns for up to MMAX
-// rows (blockIdx.y's tile of rows), and the 16 lanes of a half warp split K: lane i takes the K
-// positions' load units i, i + 16, ... (8 values each: a 32-bit word at 4 bits, two at 8), so a half
-// warp reads 64 (128) contiguous bytes of each weight row at a time and the matching 8 values of each
-// of x's rows as one 16-byte load. A unit's values are dequantized once (scale * q + bias in float32,
-// q made a float by the exponent trick above) and used for every row; the 16 lanes' sums are then
-// added by shuffles. A block of 128 threads covers 8 * R columns.
+// rows (blockIdx.y's tile of rows), and the SL lanes of a half warp (SL = 16) or of a warp (32, for
+// twice the blocks where a weight has few columns) split K: lane i takes the K positions' load units
+// i, i + SL, ... (8 values each: a 32-bit word at 4 bits, two at 8), so a half warp reads 64 (128)
+// contiguous bytes of each weight row at a time and the matching 8 values of each of x's rows as one
+// 16-byte load. A unit's values are dequantized once (scale * q + bias in float32, q made a float by
+// the exponent trick above) and used for every row; the SL lanes' sums are then added by shuffles. A
+// block of 128 threads covers 128 / SL * R columns.
 const char* kTileBody = R"(
   constexpr int VPL = 8;              // values a load unit
   constexpr int WPL = BITS / 4;       // 32-bit words a load unit
   constexpr int HALF = 16 / BITS;     // values a 16-bit half word
   constexpr unsigned QMASK = (1u << BITS) - 1u;
-  constexpr int SL = 16;              // lanes splitting K
   struct alignas(16) XPack { T v[VPL]; };
   const int lane = threadIdx.x & 31;
   const int slice = lane & (SL - 1);
-  const int n0 = (blockIdx.x * (THREADS / SL) + (threadIdx.x >> 4)) * R;
+  const int n0 = (blockIdx.x * (THREADS / SL) + threadIdx.x / SL) * R;
   const int m0 = blockIdx.y * MMAX;
   const int rows = min(MMAX, M - m0);
   x += (long long)m0 * ldx;
@@ -326,7 +326,7 @@ const char* kTileBody = R"(
       }
     }
   }
-  // The half warp's 16 partial sums of each output, then lane i writes the outputs i, i + 16, ...
+  // The SL lanes' partial sums of each output, then lane i writes the outputs i, i + SL, ...
 #pragma unroll
   for (int c = 0; c < R; ++c) {
 #pragma unroll
@@ -362,30 +362,41 @@ int cols() {
   return c;
 }
 
-// The tiled form's (R, MMAX) for m rows: MLX_GEN_QMM_TILE_SHAPE = "RxMMAX" (1x32, 2x16, 2x32, 4x8,
-// 4x16) to measure the trade between a thread's registers (ptxas, sm_90, bf16 4-bit: 64, 118, 117,
-// 112 and 145) and x's reuse across columns; by default 2x16 up to 16 rows, else 2x32 (rows beyond
-// MMAX take further block rows, each reading the weight again).
-std::pair<int, int> tile_shape(int m) {
-  static const std::pair<int, int> forced = [] {
+// The tiled form's shape: a thread's columns R, a block row's rows MMAX, K split by whole warps.
+struct TileShape {
+  int r;
+  int mmax;
+  bool wide;
+};
+
+// The tiled form's shape for m rows of a weight of n columns: MLX_GEN_QMM_TILE_SHAPE = "RxMMAX" (1x32,
+// 2x16, 2x32, 4x8, 4x16; a "w" after it: K split by whole warps) to measure the trade between a
+// thread's registers (ptxas, sm_90, bf16 4-bit: 64, 118, 117, 112 and 145) and x's reuse across
+// columns; by default 2x16 up to 16 rows, else 2x32 (rows beyond MMAX take further block rows, each
+// reading the weight again), K split by whole warps where half warps would give fewer than 4
+// blocks an SM of an H100 (132 SMs).
+TileShape tile_shape(int m, int n) {
+  static const TileShape forced = [] {
     const char* v = std::getenv("MLX_GEN_QMM_TILE_SHAPE");
     if (v == nullptr) {
-      return std::pair<int, int>{0, 0};
+      return TileShape{0, 0, false};
     }
     for (auto [r, mm] : {std::pair<int, int>{1, 32}, {2, 16}, {2, 32}, {4, 8}, {4, 16}}) {
-      if (std::string(v) == std::to_string(r) + "x" + std::to_string(mm)) {
-        return std::pair<int, int>{r, mm};
+      const std::string name = std::to_string(r) + "x" + std::to_string(mm);
+      if (std::string(v) == name || std::string(v) == name + "w") {
+        return TileShape{r, mm, std::string(v).back() == 'w'};
       }
     }
-    return std::pair<int, int>{-1, -1};
+    return TileShape{-1, -1, false};
   }();
-  if (forced.first < 0) {
-    throw std::invalid_argument("MLX_GEN_QMM_TILE_SHAPE must be 1x32, 2x16, 2x32, 4x8 or 4x16");
+  if (forced.r < 0) {
+    throw std::invalid_argument("MLX_GEN_QMM_TILE_SHAPE must be 1x32, 2x16, 2x32, 4x8 or 4x16, optionally followed by w");
   }
-  if (forced.first > 0) {
+  if (forced.r > 0) {
     return forced;
   }
-  return m <= 16 ? std::pair<int, int>{2, 16} : std::pair<int, int>{2, 32};
+  const int r = 2, mmax = m <= 16 ? 16 : 32;
+  return TileShape{r, mmax, n / (8 * r) < 4 * 132};
 }
 
 // The kernels' forms: the plain product of x (M, K) or (1, M, K), the gathered one.
@@ -398,8 +409,10 @@ struct Form {
 const Form kRows{"mlxgen_qmm_rows", kRowsParams, kRowsPrologue, kCudaBody};
 const Form kRows3{"mlxgen_qmm_rows3", kRows3Params, kRowsPrologue, kCudaBody};
 const Form kGather{"mlxgen_gather_qmm_rows", kGatherParams, kGatherPrologue, kCudaBody};
-// The tiled form for 8-64 rows: R is then a thread's output columns, MMAX a block row's rows.
-const Form kTile{"mlxgen_qmm_tile", kRowsParams, kRowsPrologue, kTileBody};
+// The tiled form for 8-64 rows: R is then a thread's output columns, MMAX a block row's rows; K split
+// by half warps, or by whole warps (the wide form).
+const Form kTile{"mlxgen_qmm_tile", kRowsParams, "  constexpr int SL = 16;\n", kTileBody};
+const Form kTileWide{"mlxgen_qmm_tilew", kRowsParams, "  constexpr int SL = 32;\n", kTileBody};
 
 // The cache key of `form`'s variant for x's kernel type `t` and these constants.
 std::string key(const Form& form, const char* t, int bits, int gs, int mmax, int r) {
@@ -494,6 +507,7 @@ std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
     for (int bits : {4, 8}) {
       add(kTile, t, bits, 64, 32, 2);
       add(kTile, t, bits, 64, 16, 2);
+      add(kTileWide, t, bits, 64, 32, 2);
     }
   }
   for (auto [r, mmax] : {std::pair<int, int>{1, 32}, {4, 16}, {4, 8}}) {
@@ -516,9 +530,9 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     const bool three = xa.ndim() == 3;
     const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0);
     if (m > 8 || (m == 8 && !three)) {
-      const auto [r, mmax] = tile_shape(m);
-      const int cols_a_block = (kThreads / 16) * r;
-      auto& kern = kernel(kTile, xa.dtype(), bits, group_size, mmax, r);
+      const TileShape t = tile_shape(m, n);
+      const int cols_a_block = (kThreads / (t.wide ? 32 : 16)) * t.r, mmax = t.mmax;
+      auto& kern = kernel(t.wide ? kTileWide : kTile, xa.dtype(), bits, group_size, mmax, t.r);
       auto outs = kern.launch({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
                               {unsigned((n + cols_a_block - 1) / cols_a_block), unsigned((m + mmax - 1) / mmax), 1},
                               {kThreads, 1, 1});
