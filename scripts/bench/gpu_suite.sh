@@ -232,6 +232,8 @@ round)
   echo "== the same, not padded, every weight's 5 rows through the few-row kernel (MLX_GEN_QMM_KERNEL=all)"
   MLX_GEN_QMM_KERNEL=all MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   MLX_GEN_TRACE=1 MLX_GEN_QMM_KERNEL=all MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 128 -n 1 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
+  echo "== the same, padded to 8, the 8 positions through the tiled kernel (MLX_GEN_QMM_TILE=1)"
+  MLX_GEN_QMM_TILE=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   echo "== plain decoding with every weight through the kernel, for the step's cost"
   MLX_GEN_QMM_KERNEL=all b --model "$d3" -p 128 -g 256
   for d in "$d06" "$d3"; do
@@ -241,6 +243,8 @@ round)
       echo "== $(basename "$d") prompt lookup 3, K=$k, code-editing prompt, with the fallback / every round"
       b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k
       b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k --always-speculate
+      echo "-- the same with the fallback, verification through the tiled kernel (MLX_GEN_QMM_TILE=1)"
+      MLX_GEN_QMM_TILE=1 b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k
     done
     echo "== $(basename "$d") prompt lookup 3, K=4, random prompt (little to look up): with the fallback / every round"
     b --model "$d" -p 512 -g 256 --prompt-lookup 3 --num-draft-tokens 4

@@ -170,16 +170,17 @@ impl Quantized {
     /// the weight at a fraction of the memory bandwidth; from 8 rows its tiled product takes over) of
     /// a weight large enough on a CUDA GPU ([`with_device_bound_decode`] tells which).
     ///
-    /// With `MLX_GEN_QMM_TILE=1`, also 8-64 rows of a batch step (a position a sequence) through the
-    /// kernel's tiled form, every weight: MLX's tiled product reads a weight at a small fraction of
-    /// the memory bandwidth there (3072 x 3072 at 32 rows: 61 us on the H100), most of a 32-sequence
-    /// step. Never a single sequence's prompt chunk (1, L, in), which keeps MLX's kernels as mlx-lm.
+    /// With `MLX_GEN_QMM_TILE=1`, also 8-64 rows of a batch step (a position a sequence) or of a
+    /// speculative verification ([`with_verification`]) through the kernel's tiled form, every
+    /// weight: MLX's tiled product reads a weight at a small fraction of the memory bandwidth there
+    /// (3072 x 3072 at 32 rows: 61 us on the H100), most of a 32-sequence step. Never a single
+    /// sequence's prompt chunk (1, L, in), which keeps MLX's kernels as mlx-lm.
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
         // The switch first: off (not a CUDA GPU) it costs a decode step's products nothing.
         let Some(min_elements) = few_rows_kernel() else { return false };
         let rows = super::rows(x);
         if (8..=64).contains(&rows) {
-            return tiled_rows() && !(x.ndim() == 3 && x.dim(0) == 1);
+            return tiled_rows() && (!(x.ndim() == 3 && x.dim(0) == 1) || VERIFYING.with(std::cell::Cell::get));
         }
         (1..=7).contains(&rows) && self.matrix_elements() >= min_elements
     }
@@ -329,6 +330,18 @@ const LARGE_WEIGHT: i64 = 1 << 24;
 thread_local! {
     /// Inside [`with_device_bound_decode`] with `true`.
     static DEVICE_BOUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Inside [`with_verification`].
+    static VERIFYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (a speculative verification's forward pass) with its positions' products of 8-64 rows
+/// allowed the few-row kernel's tiled form (`MLX_GEN_QMM_TILE=1`), which a single sequence's prompt
+/// chunk of the same shape never takes.
+pub fn with_verification<T>(f: impl FnOnce() -> T) -> T {
+    let before = VERIFYING.with(|c| c.replace(true));
+    let out = f();
+    VERIFYING.with(|c| c.set(before));
+    out
 }
 
 /// Runs `f` (a model's forward pass) with every weight's products of a few rows through the
