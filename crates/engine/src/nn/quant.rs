@@ -338,9 +338,14 @@ thread_local! {
 /// allowed the few-row kernel's tiled form (`MLX_GEN_QMM_TILE=1`), which a single sequence's prompt
 /// chunk of the same shape never takes.
 pub fn with_verification<T>(f: impl FnOnce() -> T) -> T {
-    let before = VERIFYING.with(|c| c.replace(true));
+    with_flag(&VERIFYING, true, f)
+}
+
+/// Runs `f` with this thread's `flag` set to `value`, then puts the flag back as it was.
+fn with_flag<T>(flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>, value: bool, f: impl FnOnce() -> T) -> T {
+    let before = flag.with(|c| c.replace(value));
     let out = f();
-    VERIFYING.with(|c| c.set(before));
+    flag.with(|c| c.set(before));
     out
 }
 
@@ -352,10 +357,7 @@ pub fn with_verification<T>(f: impl FnOnce() -> T) -> T {
 /// with the large weights; Qwen3-0.6B unchanged. Launched by our own primitive (2026-12-06e):
 /// Llama-3.2-3B 1.07x and Qwen3.5-9B 1.13x faster again, Qwen3-0.6B unchanged.
 pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) -> T {
-    let before = DEVICE_BOUND.with(|c| c.replace(device_bound));
-    let out = f();
-    DEVICE_BOUND.with(|c| c.set(before));
-    out
+    with_flag(&DEVICE_BOUND, device_bound, f)
 }
 
 /// Whether 8-64 rows of a batch step take the few-row kernel's tiled form (`MLX_GEN_QMM_TILE=1`;
