@@ -1,4 +1,4 @@
-// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 1 <= M <= 8,
+// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 1 <= M <= 64,
 // as one CUDA kernel of ours (jit.cpp: compiled once, launched by our own primitive): a decode step's
 // products (one row), a batch
 // decode step's (one row a sequence) and a speculative verification's (K+1 positions). MLX 0.32's
@@ -6,8 +6,8 @@
 // and that kernel reads a weight at about a sixth of the H200's memory bandwidth (16384 x 3072, 4-bit:
 // 33 us for 25 MB, `batch_step_cost --qmm`), which is most of a 7B model's decode step. Ours reads
 // large weights at 1.7-1.9 TB/s on the H100 (MLX's: about 1), 1.2-1.9x MLX's speed at one row,
-// 1.6-2.9x at 2-4; from 8 rows MLX's tiled product is 3-5x faster than this form, so x (M, K) of
-// 8-64 rows (a batch decode step) takes a tiled form of ours (kTileBody). A gathered variant takes
+// 1.6-2.9x at 2-4; from 8 rows MLX's tiled product is 3-5x faster than this form, so 8-64 rows (a
+// batch decode step, a padded verification) take a tiled form of ours (kTileBody). A gathered variant takes
 // mlx-lm's SwitchLinear for a few tokens (each (token, expert) slot through its expert's weight).
 //
 // Here a block of 128 threads computes R output columns for all M rows. Its threads split K: each
@@ -396,7 +396,7 @@ TileShape tile_shape(int m, int n) {
     return forced;
   }
   const int r = 2, mmax = m <= 16 ? 16 : 32;
-  return TileShape{r, mmax, n / (8 * r) < 4 * 132};
+  return TileShape{r, mmax, n / (kThreads / 16 * r) < 4 * 132};
 }
 
 // The kernels' forms: the plain product of x (M, K) or (1, M, K), the gathered one.
@@ -409,10 +409,22 @@ struct Form {
 const Form kRows{"mlxgen_qmm_rows", kRowsParams, kRowsPrologue, kCudaBody};
 const Form kRows3{"mlxgen_qmm_rows3", kRows3Params, kRowsPrologue, kCudaBody};
 const Form kGather{"mlxgen_gather_qmm_rows", kGatherParams, kGatherPrologue, kCudaBody};
-// The tiled form for 8-64 rows: R is then a thread's output columns, MMAX a block row's rows; K split
-// by half warps, or by whole warps (the wide form).
-const Form kTile{"mlxgen_qmm_tile", kRowsParams, "  constexpr int SL = 16;\n", kTileBody};
-const Form kTileWide{"mlxgen_qmm_tilew", kRowsParams, "  constexpr int SL = 32;\n", kTileBody};
+// The tiled form for 8-64 rows of x (M, K) or (1, M, K): R is then a thread's output columns, MMAX a
+// block row's rows; K split by half warps, or by whole warps (the wide form).
+const char* kHalfWarps = "  constexpr int SL = 16;\n";
+const char* kWholeWarps = "  constexpr int SL = 32;\n";
+const Form kTile{"mlxgen_qmm_tile", kRowsParams, kHalfWarps, kTileBody};
+const Form kTileWide{"mlxgen_qmm_tilew", kRowsParams, kWholeWarps, kTileBody};
+const Form kTile3{"mlxgen_qmm_tile3", kRows3Params, kHalfWarps, kTileBody};
+const Form kTileWide3{"mlxgen_qmm_tilew3", kRows3Params, kWholeWarps, kTileBody};
+
+// The tiled form for x of `ndim` axes, K split by whole warps where `wide`.
+const Form& tile_form(int ndim, bool wide) {
+  if (ndim == 3) {
+    return wide ? kTileWide3 : kTile3;
+  }
+  return wide ? kTileWide : kTile;
+}
 
 // The cache key of `form`'s variant for x's kernel type `t` and these constants.
 std::string key(const Form& form, const char* t, int bits, int gs, int mmax, int r) {
@@ -458,8 +470,8 @@ bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int
          b->shape() == s.shape() && rows_in_place(s) && rows_in_place(*b) && shim::jit_available();
 }
 
-// Whether a kernel takes this product: x (M, K) or (1, M, K) of 1-8 rows (the few-row kernel), or
-// x (M, K) of 8-64 rows (the tiled one), weights (out, in) (and suits_quant).
+// Whether a kernel takes this product: x (M, K) or (1, M, K) of 1-7 rows (the few-row kernel) or 8-64
+// (the tiled one), weights (out, in) (and suits_quant).
 bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
            const std::string& mode) {
   if (!(x.ndim() == 2 || (x.ndim() == 3 && x.shape(0) == 1)) || !suits_quant(x, s, b, gs, bits, mode) ||
@@ -467,8 +479,7 @@ bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx:
     return false;
   }
   const int m = x.shape(-2), k = x.shape(-1), n = w.shape(0);
-  const bool rows = m >= 1 && (m <= 8 || (x.ndim() == 2 && m <= kTileRows));
-  return rows && w.shape(1) * (32 / bits) == k && s.shape(0) == n && s.shape(1) == k / gs;
+  return m >= 1 && m <= kTileRows && w.shape(1) * (32 / bits) == k && s.shape(0) == n && s.shape(1) == k / gs;
 }
 
 // Whether the gathered kernel takes this product: x (T or T * k, K), stacked weights (E, out, in),
@@ -509,6 +520,8 @@ std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
       add(kTile, t, bits, 64, 16, 2);
       add(kTileWide, t, bits, 64, 32, 2);
     }
+    add(kTile3, t, 4, 64, 16, 2);
+    add(kTileWide3, t, 8, 64, 16, 2);
   }
   for (auto [r, mmax] : {std::pair<int, int>{1, 32}, {4, 16}, {4, 8}}) {
     add(kTile, "bf16_t", 4, 32, mmax, r);
@@ -529,11 +542,12 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     }
     const bool three = xa.ndim() == 3;
     const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0);
-    if (m > 8 || (m == 8 && !three)) {
+    const mx::Shape shape = three ? mx::Shape{1, m, n} : mx::Shape{m, n};
+    if (m >= 8) {
       const TileShape t = tile_shape(m, n);
       const int cols_a_block = (kThreads / (t.wide ? 32 : 16)) * t.r, mmax = t.mmax;
-      auto& kern = kernel(t.wide ? kTileWide : kTile, xa.dtype(), bits, group_size, mmax, t.r);
-      auto outs = kern.launch({xa, wa, sa, *ba}, {{m, n}}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
+      auto& kern = kernel(tile_form(xa.ndim(), t.wide), xa.dtype(), bits, group_size, mmax, t.r);
+      auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
                               {unsigned((n + cols_a_block - 1) / cols_a_block), unsigned((m + mmax - 1) / mmax), 1},
                               {kThreads, 1, 1});
       *out = wrap(outs[0]);
@@ -542,7 +556,6 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
     const int r = cols(), blocks = (n + r - 1) / r;
     auto& kern = kernel(three ? kRows3 : kRows, xa.dtype(), bits, group_size, mmax, r);
-    const mx::Shape shape = three ? mx::Shape{1, m, n} : mx::Shape{m, n};
     auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
                             {unsigned(blocks), 1, 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);

@@ -72,10 +72,10 @@ pub fn mask_tokens(logits: &Array, words: &[u32]) -> Result<Option<Array>> {
     Ok(ctx("mask_tokens", sys::mask_tokens(logits.handle(), words))?.map(Array::from_handle))
 }
 
-/// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K): on a CUDA GPU, for 1 <= M <= 8 rows of bfloat16 or float16
+/// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K): on a CUDA GPU, for 1 <= M <= 7 rows of bfloat16 or float16
 /// and affine 4- or 8-bit weights in groups of 32, 64 or 128, one kernel of ours that reads each
 /// weight once for all rows in 16-byte packs (MLX's reads it once a row up to 7 rows with a
-/// matrix-vector kernel), and for x (M, K) of 8-64 rows its tiled form (each weight value
+/// matrix-vector kernel), and for 8-64 rows its tiled form (each weight value
 /// dequantized once for up to 32 rows; MLX's tiled product reads the weight at a fraction of the
 /// memory bandwidth there); both sum in another order than MLX's kernels. Anything else is
 /// [`crate::ops::quantized_matmul`] with the transpose.
