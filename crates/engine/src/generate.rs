@@ -2,9 +2,8 @@
 //! token, then each step queues the next forward pass (async eval) before the current token is
 //! handed out, so the host never waits on the device between tokens. With logits processors the
 //! token history (prompt, then each sampled token) is kept as a lazy array, as mlx-lm does.
-//! With a [`TokenConstraint`] each step queues the forward pass with the previous token's
-//! (masked) sampling, reads that token, and computes the next token mask on the CPU while the
-//! device runs the forward pass (see `sample::constraint`).
+//! With a [`TokenConstraint`] each step queues the forward pass, reads the previous token, and
+//! computes the next token mask on the CPU while the device runs it (see `sample::constraint`).
 use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
@@ -228,13 +227,11 @@ impl<'m> Generator<'m> {
         let (mut graph, mut after, mut mask) = (None, 0.0, 0.0);
         let token;
         if let Some(mut c) = self.constraint.take() {
-            // Token n's sampling (built by the last step, not yet queued) and forward n+1 go to the
-            // device in one evaluation; forward n+1 runs while token n is committed and the mask
-            // for n+1 computed, then token n+1's sampling is built for the next step to queue.
+            // Forward n+1 runs while token n is committed and the mask for n+1 computed.
             let logits = if last { None } else { Some(self.logits(&y)?) };
-            let mut to_eval = vec![&y, &logprobs];
-            to_eval.extend(logits.as_ref());
-            async_eval(&to_eval)?;
+            if let Some(l) = &logits {
+                async_eval(&[l])?;
+            }
             t1 = std::time::Instant::now();
             token = y.item::<u32>()?;
             let waited = std::time::Instant::now();
@@ -244,8 +241,9 @@ impl<'m> Generator<'m> {
                     Some(l) => {
                         let allowed = c.allowed_bits(self.model.vocab_size() as usize)?;
                         mask = waited.elapsed().as_secs_f64();
-                        // Queued with the next forward pass (or evaluated where it is read first).
-                        Ok(Some(self.sample(l, Some(&allowed))?))
+                        let next = self.sample(l, Some(&allowed))?;
+                        async_eval(&[&next.0, &next.1])?;
+                        Ok(Some(next))
                     }
                     None => Ok(None),
                 }

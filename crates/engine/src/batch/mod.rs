@@ -12,12 +12,10 @@
 //! chunked ones) runs its sequences one after another,
 //! as mlx-lm's server does. A sequence
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
-//! constrained a step queues the forward pass together with the current tokens' sampling (built,
-//! masked, by the step before), reads the current tokens, computes the masks on the CPU while the
-//! device runs the forward pass (one host sync and one evaluation per step, as without
-//! constraints), one row after another while they are cheap, on threads past that
-//! ([`commit_and_mask`]), and builds the next tokens' sampling for the next step to queue. With
-//! [`Speculation`] set, a sequence decoding alone runs speculative rounds instead (see `solo.rs`).
+//! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
+//! the CPU while the device runs it (one host sync per step, as without constraints), one row after
+//! another while they are cheap, on threads past that ([`commit_and_mask`]). With [`Speculation`] set, a sequence decoding alone runs
+//! speculative rounds instead (see `solo.rs`).
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
@@ -240,19 +238,17 @@ impl<'m> BatchEngine<'m> {
             return Ok(Vec::new());
         };
         let ids = if self.rows.iter().any(|r| r.constraint.is_some()) {
-            // This step's sampling (built by the last step, not yet queued) and the next forward pass
-            // go to the device in one evaluation, as a free step's forward and sampling do; the
-            // forward pass runs while this step's tokens are committed and the next masks computed.
+            // The forward pass runs while this step's tokens are committed and the masks computed.
             let logits = self.forward(&current.tokens)?;
-            self.start(&current, Some(&logits))?;
+            async_eval(&[&logits])?;
             lap(&mut times[3], &mut clock);
             let ids = current.tokens.to_vec::<u32>()?;
             lap(&mut times[4], &mut clock);
             let vocab = self.model.vocab_size() as usize;
             let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
             lap(&mut times[6], &mut clock);
-            // Queued with the next step's forward pass (or evaluated where anything reads it first).
-            self.pending = Some(sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?);
+            let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
+            self.queue(next)?;
             lap(&mut times[3], &mut clock);
             ids
         } else {
@@ -304,20 +300,12 @@ impl<'m> BatchEngine<'m> {
     /// Starts computing `next` (tokens, log-probabilities, the random streams' states) and keeps
     /// it as the step to hand out next.
     fn queue(&mut self, next: Pending) -> Result<()> {
-        self.start(&next, None)?;
-        self.pending = Some(next);
-        Ok(())
-    }
-
-    /// Starts computing `step` (tokens, log-probabilities, the random streams' states) and, in the
-    /// same evaluation, `also`.
-    fn start(&self, step: &Pending, also: Option<&Array>) -> Result<()> {
-        let mut to_eval: Vec<&Array> = vec![&step.tokens];
-        to_eval.extend(step.logprobs.iter().flatten());
+        let mut to_eval: Vec<&Array> = vec![&next.tokens];
+        to_eval.extend(next.logprobs.iter().flatten());
         let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
         to_eval.extend(key_states.iter());
-        to_eval.extend(also);
         async_eval(&to_eval)?;
+        self.pending = Some(next);
         Ok(())
     }
 
