@@ -107,7 +107,7 @@ pub fn qmm_rows_available() -> bool {
 
 /// The value (address relative to the load base) of function `name` in the symbol table of the ELF
 /// file at `path`, 0 where it has none: how the shim finds MLX's device allocator, a function
-/// local to libmlx, for its kernels' outputs (`MLX_GEN_JIT_DEVICE_MEMORY=1`).
+/// local to libmlx, for its kernels' outputs (unless `MLX_GEN_JIT_DEVICE_MEMORY=0`).
 pub fn elf_function_value(path: &str, name: &str) -> Result<u64> {
     ctx("elf_function_value", sys::elf_function_value(path, name))
 }

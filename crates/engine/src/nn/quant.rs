@@ -213,12 +213,14 @@ impl Quantized {
     }
 
     /// Whether this layer's stacked experts (E, out, in) take [`mlx::fast::gather_qmm_rows`]'s
-    /// kernel for a few tokens: `MLX_GEN_GATHER_KERNEL=1` on a CUDA GPU, experts of 2^24+ elements
-    /// (Mixtral's 14336 x 4096; not Qwen3-30B-A3B's 768 x 2048, whose step is the host's). Off by
-    /// default until measured against MLX's gathered product on the device.
+    /// kernel for a few tokens on a CUDA GPU (`MLX_GEN_GATHER_KERNEL=0` turns it off), experts of
+    /// 2^24+ elements (Mixtral's 14336 x 4096; not Qwen3-30B-A3B's 768 x 2048, whose step is the
+    /// host's). Measured on an H100 (BENCHMARKS.md 2026-12-07c): the product 1.3-1.9x MLX's gathered
+    /// one at 1-4 tokens, Mixtral-8x7B's decode 137-139 tok/s against 101-103 without it, 1.40x
+    /// mlx-lm's in the same run (3 alternating rounds).
     pub fn gathered_rows_pay(&self) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_GATHER_KERNEL").is_ok_and(|v| v == "1") && mlx::fast::qmm_rows_available());
+        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_GATHER_KERNEL").map_or(true, |v| v != "0") && mlx::fast::qmm_rows_available());
         on && self.weight.ndim() == 3 && self.matrix_elements() >= LARGE_WEIGHT
     }
 
