@@ -46,7 +46,7 @@
 #   gpu_suite.sh qmmk   our few-row quantized product and few-position attention against MLX's: error, time, then
 #                       the batch step, verification and prompt lookup with and without them (MLX_GEN_QMM_KERNEL,
 #                       MLX_GEN_ATTN_KERNEL)
-#   gpu_suite.sh qmv    our quantized product of 1-8 rows (MLX_GEN_QMM_KERNEL: 1 = weights of 2^24+ elements, all =
+#   gpu_suite.sh qmv    our quantized product of 1-7 rows (MLX_GEN_QMM_KERNEL: 1 = weights of 2^24+ elements, all =
 #                       every weight) against MLX's: error, time and bandwidth a product; then decode (prompt 512, 256
 #                       tokens) on the Qwen2.5-7B, Llama-3.2-3B and Qwen3-0.6B shapes with it off / 1 / all, alternating
 #                       (QV_ROUNDS, default "1 2 3"; QV_SHAPES)
@@ -62,7 +62,7 @@
 #                       previous binary): products' error and time, decode alternating (JIT_ROUNDS, JIT_SHAPES),
 #                       default and every weight, then each binary's host split (MLX_GEN_TRACE)
 #   gpu_suite.sh qmvcols  the few-row product with 1, 2, 4 (default) and 8 output columns a block (MLX_GEN_QMM_COLS:
-#                       registers against x's reuse), batch_step_cost --qmm 1 2 4 8 each
+#                       registers against x's reuse), batch_step_cost --qmm 1 2 4 7 each
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
@@ -232,8 +232,6 @@ round)
   echo "== the same, not padded, every weight's 5 rows through the few-row kernel (MLX_GEN_QMM_KERNEL=all)"
   MLX_GEN_QMM_KERNEL=all MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   MLX_GEN_TRACE=1 MLX_GEN_QMM_KERNEL=all MLX_GEN_VERIFY_PAD=1 b --model "$d3" -p 128 -g 128 -n 1 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
-  echo "== the same, padded to 8, the 8 positions through the tiled kernel (MLX_GEN_QMM_TILE=1)"
-  MLX_GEN_QMM_TILE=1 b --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 --always-speculate
   echo "== plain decoding with every weight through the kernel, for the step's cost"
   MLX_GEN_QMM_KERNEL=all b --model "$d3" -p 128 -g 256
   for d in "$d06" "$d3"; do
@@ -243,8 +241,6 @@ round)
       echo "== $(basename "$d") prompt lookup 3, K=$k, code-editing prompt, with the fallback / every round"
       b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k
       b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k --always-speculate
-      echo "-- the same with the fallback, verification through the tiled kernel (MLX_GEN_QMM_TILE=1)"
-      MLX_GEN_QMM_TILE=1 b --model "$d" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 --num-draft-tokens $k
     done
     echo "== $(basename "$d") prompt lookup 3, K=4, random prompt (little to look up): with the fallback / every round"
     b --model "$d" -p 512 -g 256 --prompt-lookup 3 --num-draft-tokens 4
@@ -558,7 +554,7 @@ jit)
   done
   ;;
 qmvcols)
-  for c in 4 2 8 1; do echo "== MLX_GEN_QMM_COLS=$c"; MLX_GEN_QMM_COLS=$c ./batch_step_cost --qmm 1 2 4 8; done
+  for c in 4 2 8 1; do echo "== MLX_GEN_QMM_COLS=$c"; MLX_GEN_QMM_COLS=$c ./batch_step_cost --qmm 1 2 4 7; done
   ;;
 gather)
   ./batch_step_cost --gather 1 2 4
@@ -582,7 +578,7 @@ auto)
   done
   ;;
 qmv)
-  ./batch_step_cost --qmm 1 2 4 8
+  ./batch_step_cost --qmm 1 2 4 7
   for r in ${QV_ROUNDS:-1 2 3}; do
     for s in ${QV_SHAPES:-qwen2.5-7b llama-3.2-3b qwen3-0.6b}; do
       d=$(shape_dir $s)
@@ -618,30 +614,6 @@ kserve)
     done
   done
   ;;
-tile)
-  # The few-row kernel's tiled form for 8-64 rows (issue 20's 32-stream step; MLX_GEN_QMM_TILE=1) against MLX's
-  # tiled product: error and time for each weight shape and row count, each (columns, rows) shape at 16 and 32
-  # rows, then the engine's batch step with it and without (2 alternating rounds), then the server at 1/8/32
-  # streams (TILE_ROUNDS alternating rounds, default 1).
-  ./batch_step_cost --qmm 8 16 32 64
-  for sh in 2x32 2x32w 2x16w 1x32 4x16 4x8; do
-    echo "-- MLX_GEN_QMM_TILE_SHAPE=$sh"; MLX_GEN_QMM_TILE_SHAPE=$sh ./batch_step_cost --qmm 16 32 | grep -E 'x3072 |x3584 '
-  done
-  for s in qwen3-0.6b llama-3.2-3b; do
-    d=$(shape_dir $s)
-    for t in 0 1 0 1; do echo "-- $s batch step MLX_GEN_QMM_TILE=$t"; MLX_GEN_QMM_TILE=$t ./batch_step_cost "$d" 1 8 16 32; done
-  done
-  for s in qwen3-0.6b llama-3.2-3b; do
-    for r in ${TILE_ROUNDS:-1}; do
-      for t in 0 1; do
-        echo "-- $s round $r server MLX_GEN_QMM_TILE=$t"
-        MLX_GEN_QMM_TILE=$t MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
-            --model "$(shape_dir $s)" --concurrency 1,8,32 --max-tokens 128 --server-log "$out/tile-$s-$r-$t" | grep -E "streams:"
-        grep -E "^trace: engine" "$out/tile-$s-$r-$t.mlx-gen.log" | tail -1
-      done
-    done
-  done
-  ;;
 devmem)
   # Our kernels' outputs in device memory through MLX's own allocator (MLX_GEN_JIT_DEVICE_MEMORY=1) against the
   # exported allocator's managed memory (the default): greedy tokens and log-probabilities, then decode and pacing
@@ -672,6 +644,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (tile, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -540,10 +540,17 @@ impl<'m> SpeculativeGenerator<'m> {
             parts.extend(std::iter::repeat_n(first, pad));
         }
         let input = ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?; // (real + pad,)
-        // A verification's positions may take the tiled few-row kernel (a prompt's never do).
-        let (tokens, logprobs) = crate::nn::with_verification(|| {
-            step_padded(self.model, &mut self.cache, &input, pad as i32, num_draft as i32 + 1, &self.config, &mut self.history, masks, self.keys.as_mut())
-        })?;
+        let (tokens, logprobs) = step_padded(
+            self.model,
+            &mut self.cache,
+            &input,
+            pad as i32,
+            num_draft as i32 + 1,
+            &self.config,
+            &mut self.history,
+            masks,
+            self.keys.as_mut(),
+        )?;
         if pad > 0 {
             trim_prompt_cache(&mut self.cache, pad as i32)?;
         }

@@ -1,4 +1,4 @@
-// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 1 <= M <= 64,
+// mlx-gen's C ABI for a quantized product of a few rows, x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 1 <= M <= 7,
 // as one CUDA kernel of ours (jit.cpp: compiled once, launched by our own primitive): a decode step's
 // products (one row), a batch
 // decode step's (one row a sequence) and a speculative verification's (K+1 positions). MLX 0.32's
@@ -6,9 +6,9 @@
 // and that kernel reads a weight at about a sixth of the H200's memory bandwidth (16384 x 3072, 4-bit:
 // 33 us for 25 MB, `batch_step_cost --qmm`), which is most of a 7B model's decode step. Ours reads
 // large weights at 1.7-1.9 TB/s on the H100 (MLX's: about 1), 1.2-1.9x MLX's speed at one row,
-// 1.6-2.9x at 2-4; from 8 rows MLX's tiled product is 3-5x faster than this form, so 8-64 rows (a
-// batch decode step, a padded verification) take a tiled form of ours (kTileBody). A gathered variant takes
-// mlx-lm's SwitchLinear for a few tokens (each (token, expert) slot through its expert's weight).
+// 1.6-2.9x at 2-4; from 8 rows MLX's tiled product is 3-5x faster, so 8 rows and more take MLX's. A
+// gathered variant takes mlx-lm's SwitchLinear for a few tokens (each (token, expert) slot through its
+// expert's weight).
 //
 // Here a block of 128 threads computes R output columns for all M rows. Its threads split K: each
 // reads one 16-byte pack of every one of the R weight rows at a time (32 values at 4 bits, 16 at 8;
@@ -222,131 +222,7 @@ const char* kCudaBody = R"(
   }
 )";
 
-// The tiled form for 8-64 rows (a batch decode step of 8-64 sequences, a padded verification):
-// MLX 0.32's tiled product reads a 3072 x 3072 4-bit weight for 32 rows in about 61 us on the H100
-// (77 GB/s), most of a 32-sequence batch step. Here a thread owns R output columns for up to MMAX
-// rows (blockIdx.y's tile of rows), and the SL lanes of a half warp (SL = 16) or of a warp (32, for
-// twice the blocks where a weight has few columns) split K: lane i takes the K positions' load units
-// i, i + SL, ... (8 values each: a 32-bit word at 4 bits, two at 8), so a half warp reads 64 (128)
-// contiguous bytes of each weight row at a time and the matching 8 values of each of x's rows as one
-// 16-byte load. A unit's values are dequantized once (scale * q + bias in float32, q made a float by
-// the exponent trick above) and used for every row; the SL lanes' sums are then added by shuffles. A
-// block of 128 threads covers 128 / SL * R columns.
-const char* kTileBody = R"(
-  constexpr int VPL = 8;              // values a load unit
-  constexpr int WPL = BITS / 4;       // 32-bit words a load unit
-  constexpr int HALF = 16 / BITS;     // values a 16-bit half word
-  constexpr unsigned QMASK = (1u << BITS) - 1u;
-  struct alignas(16) XPack { T v[VPL]; };
-  const int lane = threadIdx.x & 31;
-  const int slice = lane & (SL - 1);
-  const int n0 = (blockIdx.x * (THREADS / SL) + threadIdx.x / SL) * R;
-  const int m0 = blockIdx.y * MMAX;
-  const int rows = min(MMAX, M - m0);
-  x += (long long)m0 * ldx;
-  out += (long long)m0 * N;
-  const int L = K / VPL;
-  const int KG = K / GS;
-  const bool w_packed = (reinterpret_cast<unsigned long long>(w) % (4 * WPL)) == 0;
-  const bool x_packed = xcs == 1 && ldx % VPL == 0 && (reinterpret_cast<unsigned long long>(x) % 16) == 0;
-  float acc[R][MMAX];
-#pragma unroll
-  for (int c = 0; c < R; ++c) {
-#pragma unroll
-    for (int m = 0; m < MMAX; ++m) {
-      acc[c][m] = 0.0f;
-    }
-  }
-  for (int l = slice; l < L; l += SL) {
-    const int g = (l * VPL) / GS;
-    float wv[R][VPL];
-#pragma unroll
-    for (int c = 0; c < R; ++c) {
-      const int n = n0 + c;
-      u32 words[WPL];
-      float s = 0.0f, b = 0.0f;
-      if (n < N) {
-        const u32* wr = w + ((long long)n * L + l) * WPL;
-        if (WPL == 2 && w_packed) {
-          const uint2 p = *reinterpret_cast<const uint2*>(wr);
-          words[0] = p.x;
-          words[WPL - 1] = p.y;
-        } else {
-#pragma unroll
-          for (int i = 0; i < WPL; ++i) {
-            words[i] = wr[i];
-          }
-        }
-        s = to_f(scales[(long long)n * KG + g]);
-        b = to_f(biases[(long long)n * KG + g]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < WPL; ++i) {
-          words[i] = 0u;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < WPL; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 bits = h == 0 ? words[i] : (words[i] >> 16);
-#pragma unroll
-          for (int j = 0; j < HALF; ++j) {
-            const u32 e = (u32)(127 + 23 - BITS * j) << 23;
-            const float q = __uint_as_float((bits & (QMASK << (BITS * j))) | e) - __uint_as_float(e);
-            wv[c][(i * 2 + h) * HALF + j] = fmaf(s, q, b);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < MMAX; ++m) {
-      if (m < rows) {
-        float xv[VPL];
-        const T* xr = x + (long long)m * ldx + (long long)l * VPL * xcs;
-        if (x_packed) {
-          const XPack p = *reinterpret_cast<const XPack*>(xr);
-#pragma unroll
-          for (int j = 0; j < VPL; ++j) {
-            xv[j] = to_f(p.v[j]);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < VPL; ++j) {
-            xv[j] = to_f(xr[(long long)j * xcs]);
-          }
-        }
-#pragma unroll
-        for (int c = 0; c < R; ++c) {
-#pragma unroll
-          for (int j = 0; j < VPL; ++j) {
-            acc[c][m] = fmaf(xv[j], wv[c][j], acc[c][m]);
-          }
-        }
-      }
-    }
-  }
-  // The SL lanes' partial sums of each output, then lane i writes the outputs i, i + SL, ...
-#pragma unroll
-  for (int c = 0; c < R; ++c) {
-#pragma unroll
-    for (int m = 0; m < MMAX; ++m) {
-      float v = acc[c][m];
-#pragma unroll
-      for (int off = SL / 2; off > 0; off >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-      }
-      const int n = n0 + c;
-      if ((c * MMAX + m) % SL == slice && m < rows && n < N) {
-        out[(long long)m * N + n] = from_f<T>(v);
-      }
-    }
-  }
-)";
-
 constexpr int kThreads = 128;
-// The most rows the tiled form takes (a batch decode step of 64 sequences); more take MLX's product.
-constexpr int kTileRows = 64;
 // Output columns a block (R): 4, or MLX_GEN_QMM_COLS = 1, 2, 4 or 8 to measure the trade between a
 // thread's registers (ptxas, bf16 4-bit: 72 at one row and R = 4, 124 at 4 rows, 200 at 8; 48, 79
 // and 146 with R = 2), which bound the blocks an SM holds, and x's reuse across the block's rows.
@@ -362,69 +238,15 @@ int cols() {
   return c;
 }
 
-// The tiled form's shape: a thread's columns R, a block row's rows MMAX, K split by whole warps.
-struct TileShape {
-  int r;
-  int mmax;
-  bool wide;
-};
-
-// The tiled form's shape for m rows of a weight of n columns: MLX_GEN_QMM_TILE_SHAPE = "RxMMAX" (1x32,
-// 2x16, 2x32, 4x8, 4x16; a "w" after it: K split by whole warps) to measure the trade between a
-// thread's registers (ptxas, sm_90, bf16 4-bit: 64, 118, 117, 112 and 145) and x's reuse across
-// columns; by default 2x16 up to 16 rows, else 2x32 (rows beyond MMAX take further block rows, each
-// reading the weight again), K split by whole warps where half warps would give fewer than 4
-// blocks an SM of an H100 (132 SMs).
-TileShape tile_shape(int m, int n) {
-  static const TileShape forced = [] {
-    const char* v = std::getenv("MLX_GEN_QMM_TILE_SHAPE");
-    if (v == nullptr) {
-      return TileShape{0, 0, false};
-    }
-    for (auto [r, mm] : {std::pair<int, int>{1, 32}, {2, 16}, {2, 32}, {4, 8}, {4, 16}}) {
-      const std::string name = std::to_string(r) + "x" + std::to_string(mm);
-      if (std::string(v) == name || std::string(v) == name + "w") {
-        return TileShape{r, mm, std::string(v).back() == 'w'};
-      }
-    }
-    return TileShape{-1, -1, false};
-  }();
-  if (forced.r < 0) {
-    throw std::invalid_argument("MLX_GEN_QMM_TILE_SHAPE must be 1x32, 2x16, 2x32, 4x8 or 4x16, optionally followed by w");
-  }
-  if (forced.r > 0) {
-    return forced;
-  }
-  const int r = 2, mmax = m <= 16 ? 16 : 32;
-  return TileShape{r, mmax, n / (kThreads / 16 * r) < 4 * 132};
-}
-
 // The kernels' forms: the plain product of x (M, K) or (1, M, K), the gathered one.
 struct Form {
   const char* base;
   const char* params;
   const char* prologue;
-  const char* body;
 };
-const Form kRows{"mlxgen_qmm_rows", kRowsParams, kRowsPrologue, kCudaBody};
-const Form kRows3{"mlxgen_qmm_rows3", kRows3Params, kRowsPrologue, kCudaBody};
-const Form kGather{"mlxgen_gather_qmm_rows", kGatherParams, kGatherPrologue, kCudaBody};
-// The tiled form for 8-64 rows of x (M, K) or (1, M, K): R is then a thread's output columns, MMAX a
-// block row's rows; K split by half warps, or by whole warps (the wide form).
-const char* kHalfWarps = "  constexpr int SL = 16;\n";
-const char* kWholeWarps = "  constexpr int SL = 32;\n";
-const Form kTile{"mlxgen_qmm_tile", kRowsParams, kHalfWarps, kTileBody};
-const Form kTileWide{"mlxgen_qmm_tilew", kRowsParams, kWholeWarps, kTileBody};
-const Form kTile3{"mlxgen_qmm_tile3", kRows3Params, kHalfWarps, kTileBody};
-const Form kTileWide3{"mlxgen_qmm_tilew3", kRows3Params, kWholeWarps, kTileBody};
-
-// The tiled form for x of `ndim` axes, K split by whole warps where `wide`.
-const Form& tile_form(int ndim, bool wide) {
-  if (ndim == 3) {
-    return wide ? kTileWide3 : kTile3;
-  }
-  return wide ? kTileWide : kTile;
-}
+const Form kRows{"mlxgen_qmm_rows", kRowsParams, kRowsPrologue};
+const Form kRows3{"mlxgen_qmm_rows3", kRows3Params, kRowsPrologue};
+const Form kGather{"mlxgen_gather_qmm_rows", kGatherParams, kGatherPrologue};
 
 // The cache key of `form`'s variant for x's kernel type `t` and these constants.
 std::string key(const Form& form, const char* t, int bits, int gs, int mmax, int r) {
@@ -441,7 +263,7 @@ std::string source(const Form& form, const char* t, int bits, int gs, int mmax, 
                 "  constexpr int R = %d;\n  constexpr int THREADS = %d;\n",
                 bits, gs, mmax, r, kThreads);
   return std::string(shim::jit_prelude()) + "using T = " + t + ";\nextern \"C\" __global__ void __launch_bounds__(" +
-         std::to_string(kThreads) + ") KNAME(" + form.params + ") {\n" + consts + form.prologue + form.body + "}\n";
+         std::to_string(kThreads) + ") KNAME(" + form.params + ") {\n" + consts + form.prologue + kCudaBody + "}\n";
 }
 
 // The kernel variant, its source written and compiled on first use (jit.cpp).
@@ -470,8 +292,8 @@ bool suits_quant(const mx::array& x, const mx::array& s, const mx::array* b, int
          b->shape() == s.shape() && rows_in_place(s) && rows_in_place(*b) && shim::jit_available();
 }
 
-// Whether a kernel takes this product: x (M, K) or (1, M, K) of 1-7 rows (the few-row kernel) or 8-64
-// (the tiled one), weights (out, in) (and suits_quant).
+// Whether the kernel takes this product: x (M, K) or (1, M, K) of 1-7 rows, weights (out, in) (and
+// suits_quant).
 bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx::array* b, int gs, int bits,
            const std::string& mode) {
   if (!(x.ndim() == 2 || (x.ndim() == 3 && x.shape(0) == 1)) || !suits_quant(x, s, b, gs, bits, mode) ||
@@ -479,7 +301,7 @@ bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx:
     return false;
   }
   const int m = x.shape(-2), k = x.shape(-1), n = w.shape(0);
-  return m >= 1 && m <= kTileRows && w.shape(1) * (32 / bits) == k && s.shape(0) == n && s.shape(1) == k / gs;
+  return m >= 1 && m <= 7 && w.shape(1) * (32 / bits) == k && s.shape(0) == n && s.shape(1) == k / gs;
 }
 
 // Whether the gathered kernel takes this product: x (T or T * k, K), stacked weights (E, out, in),
@@ -514,19 +336,6 @@ std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
   for (int r : {1, 2, 8}) {
     add(kRows, "bf16_t", 4, 128, 2, r);
   }
-  for (const char* t : {"bf16_t", "f16_t"}) {
-    for (int bits : {4, 8}) {
-      add(kTile, t, bits, 64, 32, 2);
-      add(kTile, t, bits, 64, 16, 2);
-      add(kTileWide, t, bits, 64, 32, 2);
-    }
-    add(kTile3, t, 4, 64, 16, 2);
-    add(kTileWide3, t, 8, 64, 16, 2);
-  }
-  for (auto [r, mmax] : {std::pair<int, int>{1, 32}, {4, 16}, {4, 8}}) {
-    add(kTile, "bf16_t", 4, 32, mmax, r);
-  }
-  add(kTile, "bf16_t", 4, 128, 32, 2);
   return out;
 }
 
@@ -542,20 +351,10 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
     }
     const bool three = xa.ndim() == 3;
     const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0);
-    const mx::Shape shape = three ? mx::Shape{1, m, n} : mx::Shape{m, n};
-    if (m >= 8) {
-      const TileShape t = tile_shape(m, n);
-      const int cols_a_block = (kThreads / (t.wide ? 32 : 16)) * t.r, mmax = t.mmax;
-      auto& kern = kernel(tile_form(xa.ndim(), t.wide), xa.dtype(), bits, group_size, mmax, t.r);
-      auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
-                              {unsigned((n + cols_a_block - 1) / cols_a_block), unsigned((m + mmax - 1) / mmax), 1},
-                              {kThreads, 1, 1});
-      *out = wrap(outs[0]);
-      return;
-    }
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
     const int r = cols(), blocks = (n + r - 1) / r;
     auto& kern = kernel(three ? kRows3 : kRows, xa.dtype(), bits, group_size, mmax, r);
+    const mx::Shape shape = three ? mx::Shape{1, m, n} : mx::Shape{m, n};
     auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
                             {unsigned(blocks), 1, 1}, {kThreads, 1, 1});
     *out = wrap(outs[0]);

@@ -131,7 +131,7 @@ int mlxs_mask_tokens(mlxs_array* out, const mlxs_array logits, const uint32_t* w
 /* The value of function `name` in the symbol table (.symtab) of the ELF file at `path`; 0 where it has none
    (elf.cpp: how jit.cpp finds MLX's device allocator for its kernels' outputs). */
 int mlxs_elf_function_value(const char* path, const char* name, uint64_t* value);
-/* x (M, K) @ dequantize(w)ᵀ for 1 <= M <= 64 rows (from 8 a tiled form) as one CUDA kernel (qmm.cpp) where the default device
+/* x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 1 <= M <= 7 rows as one CUDA kernel (qmm.cpp) where the default device
    is a CUDA GPU and the product suits it (affine 4- or 8-bit, group 32/64/128, 16-bit floats), else
    MLX's quantized_matmul (transposed). */
 int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,

@@ -288,7 +288,7 @@ pub fn matmul(a: &Handle, b: &Handle) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_matmul(o, a.raw(), b.raw()) })
 }
 
-/// x (M, K) or (1, M, K) @ dequantize(w)ᵀ, as one CUDA kernel for 1-64 rows (from 8 a tiled form) where it applies (else MLX's
+/// x (M, K) or (1, M, K) @ dequantize(w)ᵀ, as one CUDA kernel for 1-7 rows where it applies (else MLX's
 /// quantized_matmul).
 pub fn qmm_rows(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>, group_size: i32, bits: i32, mode: &str) -> Result<Handle> {
     let mode = cstring(mode)?;

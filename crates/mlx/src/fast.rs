@@ -75,10 +75,9 @@ pub fn mask_tokens(logits: &Array, words: &[u32]) -> Result<Option<Array>> {
 /// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K): on a CUDA GPU, for 1 <= M <= 7 rows of bfloat16 or float16
 /// and affine 4- or 8-bit weights in groups of 32, 64 or 128, one kernel of ours that reads each
 /// weight once for all rows in 16-byte packs (MLX's reads it once a row up to 7 rows with a
-/// matrix-vector kernel), and for 8-64 rows its tiled form (each weight value
-/// dequantized once for up to 32 rows; MLX's tiled product reads the weight at a fraction of the
-/// memory bandwidth there); both sum in another order than MLX's kernels. Anything else is
-/// [`crate::ops::quantized_matmul`] with the transpose.
+/// matrix-vector kernel); it sums in another order than MLX's kernels. Anything else, 8 rows and
+/// more among it (MLX's tiled product is faster there), is [`crate::ops::quantized_matmul`] with
+/// the transpose.
 #[track_caller]
 pub fn qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q: crate::ops::QuantSpec) -> Result<Array> {
     ctx("qmm_rows", sys::qmm_rows(x.handle(), w.handle(), scales.handle(), biases.map(Array::handle), q.group_size, q.bits, q.mode.name()))

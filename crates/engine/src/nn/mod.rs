@@ -36,5 +36,5 @@ fn rows(x: &mlx::Array) -> usize {
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::RmsNorm;
-pub use quant::{with_device_bound_decode, with_verification, QuantConfig};
+pub use quant::{with_device_bound_decode, QuantConfig};
 pub use rope::{Rope, RopeScaling};

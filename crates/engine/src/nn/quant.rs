@@ -169,20 +169,10 @@ impl Quantized {
     /// (MLX's CUDA backend multiplies them one row at a time with a matrix-vector kernel that reads
     /// the weight at a fraction of the memory bandwidth; from 8 rows its tiled product takes over) of
     /// a weight large enough on a CUDA GPU ([`with_device_bound_decode`] tells which).
-    ///
-    /// With `MLX_GEN_QMM_TILE=1`, also 8-64 rows of a batch step (a position a sequence) or of a
-    /// speculative verification ([`with_verification`]) through the kernel's tiled form, every
-    /// weight: MLX's tiled product reads a weight at a small fraction of the memory bandwidth there
-    /// (3072 x 3072 at 32 rows: 61 us on the H100), most of a 32-sequence step. Never a single
-    /// sequence's prompt chunk (1, L, in), which keeps MLX's kernels as mlx-lm.
     pub fn few_rows_pays(&self, x: &mlx::Array) -> bool {
         // The switch first: off (not a CUDA GPU) it costs a decode step's products nothing.
         let Some(min_elements) = few_rows_kernel() else { return false };
-        let rows = super::rows(x);
-        if (8..=64).contains(&rows) {
-            return tiled_rows() && (!(x.ndim() == 3 && x.dim(0) == 1) || VERIFYING.with(std::cell::Cell::get));
-        }
-        (1..=7).contains(&rows) && self.matrix_elements() >= min_elements
+        (1..=7).contains(&super::rows(x)) && self.matrix_elements() >= min_elements
     }
 
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
@@ -332,23 +322,6 @@ const LARGE_WEIGHT: i64 = 1 << 24;
 thread_local! {
     /// Inside [`with_device_bound_decode`] with `true`.
     static DEVICE_BOUND: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Inside [`with_verification`].
-    static VERIFYING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` (a speculative verification's forward pass) with its positions' products of 8-64 rows
-/// allowed the few-row kernel's tiled form (`MLX_GEN_QMM_TILE=1`), which a single sequence's prompt
-/// chunk of the same shape never takes.
-pub fn with_verification<T>(f: impl FnOnce() -> T) -> T {
-    with_flag(&VERIFYING, true, f)
-}
-
-/// Runs `f` with this thread's `flag` set to `value`, then puts the flag back as it was.
-fn with_flag<T>(flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>, value: bool, f: impl FnOnce() -> T) -> T {
-    let before = flag.with(|c| c.replace(value));
-    let out = f();
-    flag.with(|c| c.set(before));
-    out
 }
 
 /// Runs `f` (a model's forward pass) with every weight's products of a few rows through the
@@ -359,14 +332,10 @@ fn with_flag<T>(flag: &'static std::thread::LocalKey<std::cell::Cell<bool>>, val
 /// with the large weights; Qwen3-0.6B unchanged. Launched by our own primitive (2026-12-06e):
 /// Llama-3.2-3B 1.07x and Qwen3.5-9B 1.13x faster again, Qwen3-0.6B unchanged.
 pub fn with_device_bound_decode<T>(device_bound: bool, f: impl FnOnce() -> T) -> T {
-    with_flag(&DEVICE_BOUND, device_bound, f)
-}
-
-/// Whether 8-64 rows of a batch step take the few-row kernel's tiled form (`MLX_GEN_QMM_TILE=1`;
-/// off until measured against MLX's tiled product on the device).
-fn tiled_rows() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_TILE").is_ok_and(|v| v == "1"))
+    let before = DEVICE_BOUND.with(|c| c.replace(device_bound));
+    let out = f();
+    DEVICE_BOUND.with(|c| c.set(before));
+    out
 }
 
 /// The smallest weight (in elements) whose products of a few rows take the kernel, or none.
