@@ -252,3 +252,32 @@ fn unsupported_model_type_lists_the_moe_types() {
     let _ = std::fs::remove_dir_all(&dir);
     common::assert_error(&o, 1, &["jamba", "qwen3_moe", "qwen2_moe", "mixtral", "mistral4", "deepseek_v3", "llama"]);
 }
+
+/// A prompt chunk's experts run one expert at a time (`MLX_GEN_MOE_GROUPED=1`: 64+ positions, 16+
+/// slots an expert) give mlx-lm's tokens (its sorted gathered product), float32 and 4-bit.
+#[test]
+fn grouped_experts() {
+    let prompt = "Hello, how are you? I would like to hear about your day. ".repeat(4);
+    let variants = ["mixtral-q4g32", "qwen2moe-f32", "qwen3moe-q4g32"];
+    let cases: Vec<Value> = variants
+        .iter()
+        .map(|v| serde_json::json!({"op": "generate", "model": common::moe_model(v), "prompt": prompt, "max_tokens": MAX_TOKENS}))
+        .collect();
+    let refs = common::batched_reference("cache_reference.py", &cases);
+    for (variant, r) in variants.iter().zip(&refs) {
+        let dir = common::moe_model(variant);
+        let max = MAX_TOKENS.to_string();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen"))
+            .env("MLX_GEN_MOE_GROUPED", "1")
+            .args(["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "--prompt", &prompt])
+            .args(["--max-tokens", &max, "--output", "json"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run mlx-gen");
+        assert!(o.status.success(), "{variant}: mlx-gen failed:\n{}", String::from_utf8_lossy(&o.stderr));
+        let o: Value = serde_json::from_slice(&o.stdout).expect("mlx-gen JSON");
+        assert!(o["prompt_tokens"].as_u64().unwrap_or(0) > 64, "{variant}: the prompt is too short for the grouped path");
+        assert_eq!(o["tokens"], r["tokens"], "{variant}: tokens differ from mlx-lm's");
+        eprintln!("{variant}: {} tokens equal with the experts grouped", r["tokens"].as_array().map_or(0, Vec::len));
+    }
+}

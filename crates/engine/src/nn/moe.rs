@@ -64,6 +64,24 @@ impl SwitchLinear {
         }
     }
 
+    /// x (n, in) through expert `e` alone -> (n, out): a plain (quantized) product over that
+    /// expert's slice of the stack, which takes the device's fastest product for n rows.
+    fn forward_expert(&self, x: &Array, e: i32) -> Result<Array> {
+        let one = |a: &Array| -> Result<Array> { Ok(a.slice_axis(0, e, e + 1)?.squeeze(&[0])?) };
+        match &self.0 {
+            SwitchKind::Float(w) => Ok(x.matmul(&one(w)?.t()?)?),
+            SwitchKind::Quant(q) => q.map(one)?.matmul_t(x),
+        }
+    }
+
+    /// The number of experts stacked.
+    fn experts(&self) -> i32 {
+        match &self.0 {
+            SwitchKind::Float(w) => w.dim(0),
+            SwitchKind::Quant(q) => q.weight.dim(0),
+        }
+    }
+
     /// This rank's block of every expert (mlx-lm's `shard_inplace`): its output rows (axis -2) for
     /// all-to-sharded, its input columns (axis -1) for sharded-to-all; no sum over the group here.
     pub fn shard(&self, mode: ShardMode, group: &Group) -> Result<SwitchLinear> {
@@ -147,6 +165,9 @@ impl SwitchGlu {
     pub fn forward_with(&self, x: &Array, indices: &Array, act: impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
         // With many tokens, sort them by expert so each expert's weights are read in order.
         let do_sort = indices.size() >= 64;
+        if do_sort && self.grouped_pays(indices) {
+            return self.forward_grouped(x, indices, &act);
+        }
         if !do_sort {
             if let Some((up, gate, down)) = self.gathered_experts() {
                 return Self::forward_gathered((up, gate, down), x, indices, &act);
@@ -182,7 +203,56 @@ impl SwitchGlu {
     }
 }
 
+/// Prompt positions from which a chunk's experts may run grouped ([`SwitchGlu::forward_grouped`]):
+/// never a decode step, a batch step or a speculative verification, whose pipelining a host read
+/// would break.
+const GROUPED_MIN_TOKENS: usize = 64;
+
 impl SwitchGlu {
+    /// Whether a prompt chunk's tokens run through their experts one expert at a time
+    /// ([`SwitchGlu::forward_grouped`]): `MLX_GEN_MOE_GROUPED=1`, for a chunk of 64+ positions
+    /// with 16+ slots an expert on average. Off by default until measured on the GPU, where MLX
+    /// 0.32.4's gathered product of a sorted prompt is slow (Mixtral-8x7B's 512-token prompt: 2.4 s
+    /// in mlx-lm and here, BENCHMARKS.md 2026-12-07c).
+    fn grouped_pays(&self, indices: &Array) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_MOE_GROUPED").is_ok_and(|v| v == "1"));
+        let k = indices.dim(-1).max(1) as usize;
+        let experts = self.down_proj.experts().max(1) as usize;
+        on && indices.size() / k >= GROUPED_MIN_TOKENS && indices.size() / experts >= 16
+    }
+
+    /// [`SwitchGlu::forward_with`] for a prompt chunk, one expert at a time: the slots (token,
+    /// chosen expert) sorted by expert as mlx-lm's `_gather_sort`, the sorted experts read to the
+    /// host (one device round trip a layer), then each expert's run of slots through a plain
+    /// product of that expert's weights (MLX's tiled product, or the dequantized weight and the
+    /// dense product for long runs), and the outputs put back in the slots' order: the gathered
+    /// product's values up to the products' order of summation. x (B, L, dims), indices (B, L, k)
+    /// -> (B, L, k, dims).
+    fn forward_grouped(&self, x: &Array, indices: &Array, act: &impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
+        let k = indices.dim(-1);
+        let flat = indices.reshape(&[-1])?; // (N,), N = B * L * k
+        let order = flat.argsort(-1)?;
+        let inv_order = order.argsort(-1)?;
+        let xs = x.reshape(&[-1, x.dim(-1)])?.take(&order.floor_divide_scalar(f64::from(k))?, 0)?; // (N, dims)
+        let sorted: Vec<u32> = flat.take(&order, 0)?.astype(Dtype::U32)?.to_vec()?;
+        let mut outs = Vec::new();
+        let mut start = 0;
+        while start < sorted.len() {
+            let e = sorted[start];
+            let end = start + sorted[start..].iter().take_while(|&&v| v == e).count();
+            let e = i32::try_from(e).map_err(|_| EngineError::Invalid(format!("expert index {e} out of range")))?;
+            let xe = xs.slice_axis(0, start as i32, end as i32)?; // (n_e, dims)
+            let h = act(&self.up_proj.forward_expert(&xe, e)?, &self.gate_proj.forward_expert(&xe, e)?)?; // (n_e, hidden)
+            outs.push(self.down_proj.forward_expert(&h, e)?); // (n_e, dims)
+            start = end;
+        }
+        let y = ops::concatenate(&outs.iter().collect::<Vec<_>>(), 0)?.take(&inv_order, 0)?; // (N, dims)
+        let mut shape = indices.shape();
+        shape.push(y.dim(-1));
+        Ok(y.reshape(&shape)?) // (B, L, k, dims)
+    }
+
     /// The up, gate and down experts where all three take [`mlx::fast::gather_qmm_rows`]'s kernel
     /// ([`Quantized::gathered_rows_pay`]).
     fn gathered_experts(&self) -> Option<(&Quantized, &Quantized, &Quantized)> {
@@ -580,6 +650,38 @@ mod tests {
         assert!(Gate::check(8, &Routing::softmax_top_k(9)).is_err());
         assert!(Gate::check(8, &Routing { groups: Some((3, 1, GroupScore::Max)), ..Routing::softmax_top_k(2) }).is_err());
         assert!(Gate::check(8, &Routing { groups: Some((4, 2, GroupScore::TopTwoSum)), ..Routing::softmax_top_k(2) }).is_ok());
+    }
+
+    #[test]
+    fn grouped_path_equals_the_sorted_gathered_product() {
+        // 4 experts of SwiGLU (dims 64, hidden 32), float32 and 4-bit; 40 tokens choosing 2
+        // experts each (expert 1 never chosen): one expert at a time equals MLX's sorted
+        // gathered product, and the output comes back in the slots' order.
+        let (t, k) = (40, 2);
+        let x = Array::from_slice(&(0..t * 64).map(|i| ((i * 5 % 23) as f32 - 11.0) / 16.0).collect::<Vec<_>>(), &[1, t, 64]).unwrap();
+        let picks: Vec<u32> = (0..t * k).map(|i| [0u32, 2, 3][(i as usize * 7 / 3) % 3]).collect();
+        let idx = Array::from_slice(&picks, &[1, t, k]).unwrap();
+        let float = |out: i32, inp: i32, salt: usize| {
+            let n = (4 * out * inp) as usize;
+            Array::from_slice(&(0..n).map(|i| (((i * 7 + salt) % 13) as f32 - 6.0) / 8.0).collect::<Vec<_>>(), &[4, out, inp]).unwrap()
+        };
+        let q = mlx::ops::QuantSpec::affine(32, 4);
+        let quant = |w: Array| {
+            let (weight, scales, biases) = mlx::ops::quantize(&w, q).unwrap();
+            SwitchLinear(SwitchKind::Quant(Quantized { weight, scales, biases, spec: q }))
+        };
+        let act = |up: &Array, gate: &Array| Ok(mlx::fast::swiglu(gate, up)?);
+        for quantized in [false, true] {
+            let make = |out, inp, salt| if quantized { quant(float(out, inp, salt)) } else { SwitchLinear(SwitchKind::Float(float(out, inp, salt))) };
+            let glu = SwitchGlu { gate_proj: make(32, 64, 1), up_proj: make(32, 64, 2), down_proj: make(64, 32, 3) };
+            let want = glu.forward(&x, &idx).unwrap().to_vec::<f32>().unwrap();
+            let got = glu.forward_grouped(&x, &idx, &act).unwrap();
+            assert_eq!(got.shape(), vec![1, t, k, 64]);
+            let got = got.to_vec::<f32>().unwrap();
+            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= 1e-5 * scale, "quantized {quantized}: {worst} against {scale}");
+        }
     }
 
     #[test]
