@@ -64,6 +64,11 @@
 #   gpu_suite.sh qmvcols  the few-row product with 1, 2, 4 (default) and 8 output columns a block (MLX_GEN_QMM_COLS:
 #                       registers against x's reuse), batch_step_cost --qmm 1 2 4 7 each
 #   gpu_suite.sh kserve the server with and without those kernels, 1/8/32 streams (KR rounds, KS_SHAPES)
+#   gpu_suite.sh why    fixed costs: batch_step_cost's exit crash (native stack), a forward of L positions with keys
+#                       fixed and growing, the batch step and the self-drafting round, each under key buckets / no CUDA
+#                       graphs / our attention kernel; Llama-3.2-3B decode with every weight through the few-row kernel
+#   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
+#                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
@@ -614,9 +619,58 @@ kserve)
     done
   done
   ;;
+why)
+  # Where the fixed costs are (issues 19, 20), each knob against the default in one call: the segmentation
+  # fault batch_step_cost met at exit after Qwen3-0.6B runs (its native stack); one forward pass of L positions,
+  # unpipelined, keys fixed and growing (a verification's cost against a step's); the batch step at 1/8/32 rows
+  # with the stage split (2 alternating rounds); the self-drafting round's split. Knobs: default, the composed
+  # attention's keys in buckets of 256, no CUDA graphs, our few-position attention kernel. Then Llama-3.2-3B
+  # decode, default against every weight through the few-row kernel (3 alternating rounds).
+  d06=$(shape_dir qwen3-0.6b); d3=$(shape_dir llama-3.2-3b)
+  echo "== batch_step_cost's exit after Qwen3-0.6B, with the crash trace"
+  MLX_GEN_CRASH_TRACE=1 ./batch_step_cost "$d06" 1 8 2>&1 | tail -40; echo "exit status ${PIPESTATUS[0]}"
+  knobs=("" "MLX_GEN_KEY_BUCKET=256" "MLX_USE_CUDA_GRAPHS=0" "MLX_GEN_ATTN_KERNEL=1")
+  for d in "$d3" "$d06"; do
+    for kn in "${knobs[@]}"; do echo "-- $(basename "$d") forward ${kn:-default}"; env $kn ./batch_step_cost "$d" --forward 1 5 8 9; done
+  done
+  for r in 1 2; do
+    for kn in "${knobs[@]}"; do echo "-- llama-3.2-3b batch step round $r ${kn:-default}"; env $kn MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 1 8 32; done
+  done
+  for kn in "${knobs[@]}"; do
+    echo "-- llama-3.2-3b drafting for itself, K=4, ${kn:-default}"
+    env $kn MLX_GEN_TRACE=1 ./mlx-gen bench -n 1 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
+        --always-speculate 2>&1 | grep -E "^(Speculative|trace: [0-9]+ rounds)"
+  done
+  for r in 1 2 3; do
+    for k in default all; do
+      kv=(); [ "$k" = default ] || kv=(MLX_GEN_QMM_KERNEL=$k)
+      echo "-- llama-3.2-3b decode round $r MLX_GEN_QMM_KERNEL=$k: $(env "${kv[@]}" ./mlx-gen bench --model "$d3" -p 512 -g 256 -n 2 --json | med)"
+    done
+  done
+  ;;
+grouped)
+  # A prompt's experts one expert at a time (MLX_GEN_MOE_GROUPED=1) against MLX's sorted gathered product (issue
+  # 17's prefill): greedy tokens and log-probabilities of a 64-token continuation of a long prompt, then prefill
+  # at 512 in GROUPED_ROUNDS alternating rounds; first the load's split (SHAPE, default mixtral-8x7b; KEEP=1).
+  s=${SHAPE:-mixtral-8x7b}; d=$models/$s-4bit-bfloat16
+  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null
+  echo "== $s load: $(MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt hi -m 1 2>&1 | grep 'trace: load' | head -1)"
+  python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
+  for g in 0 1; do
+    MLX_GEN_MOE_GROUPED=$g ./mlx-gen generate --model "$d" --prompt "$(head -c 3000 /tmp/code_edit.txt)" -m 64 --temp 0 \
+        --output json --logprobs > "$out/grouped-$s-$g.json" 2>/dev/null
+  done
+  echo "== $s grouped against gathered: $(same_tokens "$out/grouped-$s-0.json" "$out/grouped-$s-1.json")"
+  for r in ${GROUPED_ROUNDS:-1 2}; do
+    for g in 0 1; do
+      echo "== round $r $s MLX_GEN_MOE_GROUPED=$g: $(MLX_GEN_MOE_GROUPED=$g ./mlx-gen bench --model "$d" -p 512 -g 64 -n 2 --json | med)"
+    done
+  done
+  [ -n "${KEEP:-}" ] || rm -rf "$d"
+  ;;
 devmem)
-  # Our kernels' outputs in device memory through MLX's own allocator (MLX_GEN_JIT_DEVICE_MEMORY=1) against the
-  # exported allocator's managed memory (the default): greedy tokens and log-probabilities, then decode and pacing
+  # Our kernels' outputs in device memory through MLX's own allocator (MLX_GEN_JIT_DEVICE_MEMORY=1, the default
+  # since 2026-12-07c) against the exported allocator's managed memory (=0): greedy tokens and log-probabilities, then decode and pacing
   # (1,024 tokens: p99 / p50, the slow tokens' positions) in DM_ROUNDS alternating rounds, same MLX settings.
   for s in ${DM_SHAPES:-llama-3.2-3b qwen2.5-7b}; do
     d=$(shape_dir $s)

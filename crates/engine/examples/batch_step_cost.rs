@@ -25,6 +25,12 @@
 //! GPU) against MLX's `scaled_dot_product_attention`: a 32-row decode step over left-padded keys
 //! (boolean and additive masks), a verification's 5 and 9 causal positions, head dims 64 and 128,
 //! grouped heads; the largest difference relative to MLX's largest output, and microseconds a call.
+//!
+//! `batch_step_cost MODEL --forward [L...]`: one sequence's forward pass of L positions (default 1, 2,
+//! 5, 8, 9, 16) over a 128-token cache, evaluated and waited for each time (a speculative
+//! verification's cost without pipelining): first with the cache trimmed back after each pass (the
+//! same key length every pass), then left to grow (a key length new each pass, as verification
+//! rounds meet them); milliseconds a pass, median of 20 after 3.
 use engine::batch::{BatchEngine, SeqParams};
 use engine::{LoadedModel, SamplerConfig};
 use std::time::Instant;
@@ -177,9 +183,44 @@ fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--forward`: a pass of `l` positions over a 128-token cache, trimmed back or growing.
+fn forward_case(m: &LoadedModel, ls: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
+    let model = m.model.as_ref();
+    let vocab = model.vocab_size() as u32;
+    let ids = |n: i32, salt: u32| -> mlx::Result<mlx::Array> {
+        let v: Vec<u32> = (0..n as u32).map(|t| (t * 31 + salt * 17 + 7) % (vocab - 1) + 1).collect();
+        mlx::Array::from_slice(&v, &[1, n])
+    };
+    for &l in ls {
+        let mut line = format!("forward L {l:2}:");
+        for grow in [false, true] {
+            let mut cache = model.make_cache();
+            let logits = engine::nn::sdpa::with_fused_attention(|| model.forward(&ids(128, 0)?, &mut cache))?;
+            mlx::eval(&[&logits])?;
+            let mut t = Vec::new();
+            for i in 0..23u32 {
+                let x = ids(l, i + 1)?;
+                let t0 = Instant::now();
+                let logits = model.forward(&x, &mut cache)?; // (1, L, vocab)
+                mlx::eval(&[&logits])?;
+                if i >= 3 {
+                    t.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                if !grow {
+                    engine::cache::trim_prompt_cache(&mut cache, l)?;
+                }
+            }
+            t.sort_by(f64::total_cmp);
+            line += &format!(" {} {:.3} ms", if grow { "growing" } else { "fixed keys" }, t[t.len() / 2]);
+        }
+        println!("{line}");
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | --qmm [ROWS...] | --gather [TOKENS...] | --attn")?;
+    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | MODEL --forward [L...] | --qmm [ROWS...] | --gather [TOKENS...] | --attn")?;
     let rest: Vec<String> = args.collect();
     if dir == "--attn" {
         return attn_case();
@@ -199,6 +240,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         engine::nn::sdpa::set_composed_max(512);
     }
     let m = LoadedModel::load(std::path::Path::new(&dir))?;
+    if rest.first().map(String::as_str) == Some("--forward") {
+        let ls: Vec<i32> = rest[1..].iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+        return forward_case(&m, if ls.is_empty() { &[1, 2, 5, 8, 9, 16] } else { &ls });
+    }
     if rest.first().map(String::as_str) == Some("--prefill") {
         for case in &rest[1..] {
             prefill_case(&m, case)?;
