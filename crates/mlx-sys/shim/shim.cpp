@@ -503,6 +503,10 @@ int mlxs_reshape(mlxs_array* out, const mlxs_array a, const int32_t* shape, int 
   return guard([&] { *out = wrap(mx::reshape(arr(a), shape_of(shape, ndim))); });
 }
 
+int mlxs_broadcast_to(mlxs_array* out, const mlxs_array a, const int32_t* shape, int ndim) {
+  return guard([&] { *out = wrap(mx::broadcast_to(arr(a), shape_of(shape, ndim))); });
+}
+
 int mlxs_transpose(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n) {
   return guard([&] { *out = wrap(mx::transpose(arr(a), ints(axes, n))); });
 }

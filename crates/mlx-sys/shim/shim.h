@@ -72,6 +72,7 @@ int mlxs_dequantize(mlxs_array* out, const mlxs_array w, const mlxs_array scales
 
 /* shapes and indexing */
 int mlxs_reshape(mlxs_array* out, const mlxs_array a, const int32_t* shape, int ndim);
+int mlxs_broadcast_to(mlxs_array* out, const mlxs_array a, const int32_t* shape, int ndim);
 int mlxs_transpose(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n);
 int mlxs_expand_dims(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n);
 int mlxs_squeeze(mlxs_array* out, const mlxs_array a, const int32_t* axes, int n);

@@ -143,6 +143,7 @@ extern "C" {
     ) -> c_int;
 
     pub fn mlxs_reshape(out: *mut mlxs_array, a: mlxs_array, shape: *const i32, ndim: c_int) -> c_int;
+    pub fn mlxs_broadcast_to(out: *mut mlxs_array, a: mlxs_array, shape: *const i32, ndim: c_int) -> c_int;
     pub fn mlxs_transpose(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int) -> c_int;
     pub fn mlxs_expand_dims(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int) -> c_int;
     pub fn mlxs_squeeze(out: *mut mlxs_array, a: mlxs_array, axes: *const i32, n: c_int) -> c_int;

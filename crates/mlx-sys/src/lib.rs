@@ -398,6 +398,10 @@ pub fn reshape(a: &Handle, shape: &[i32]) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_reshape(o, a.raw(), shape.as_ptr(), len_i32(shape.len())) })
 }
 
+pub fn broadcast_to(a: &Handle, shape: &[i32]) -> Result<Handle> {
+    make(|o| unsafe { ffi::mlxs_broadcast_to(o, a.raw(), shape.as_ptr(), len_i32(shape.len())) })
+}
+
 pub fn transpose(a: &Handle, axes: &[i32]) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_transpose(o, a.raw(), axes.as_ptr(), len_i32(axes.len())) })
 }

@@ -140,6 +140,12 @@ impl Array {
         ctx("matmul", sys::matmul(self.handle(), other.handle())).map(Array::from_handle)
     }
 
+    /// `mx.broadcast_to(self, shape)`: a view of `shape` (no copy until an operation needs one).
+    #[track_caller]
+    pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
+        ctx("broadcast_to", sys::broadcast_to(self.handle(), shape)).map(Array::from_handle)
+    }
+
     #[track_caller]
     pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
         ctx("reshape", sys::reshape(self.handle(), shape)).map(Array::from_handle)

@@ -116,7 +116,8 @@ impl Attention {
         let (k_nope, values) = (kv.slice_axis(-1, 0, nope)?, kv.slice_axis(-1, nope, i32::MAX)?);
         let q_pe = self.rope.forward_cached(&p.q_pe, cache)?;
         let k_pe = self.rope.forward_cached(&p.k_pe, cache)?;
-        let k_pe = ops::concatenate(&vec![&k_pe; h as usize], 1)?; // mx.repeat(k_pe, heads, axis=1)
+        // mx.repeat(k_pe, heads, axis=1): one copy (a concatenation of h copies would be h kernels on CUDA).
+        let k_pe = k_pe.repeat(h, 1)?;
         let keys = ops::concatenate(&[&k_nope, &k_pe], -1)?;
         let queries = ops::concatenate(&[&p.q_nope, &q_pe], -1)?;
         let out = match cache.quantization() {

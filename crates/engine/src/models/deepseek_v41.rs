@@ -531,7 +531,7 @@ impl Model for DeepseekV41 {
         let previous = caches[0].window.as_ref().map_or(0, |w| w.dim(1));
         let window_idx = window_indices(previous, l, self.window)?.expand_dims(&[0])?.add(&ops::zeros(&[b, 1, 1], Dtype::I32)?)?; // (B, L, width)
         let h4 = h.expand_dims(&[2])?;
-        let mut streams = ops::concatenate(&vec![&h4; self.hc as usize], 2)?; // (B, L, hc, D)
+        let mut streams = h4.broadcast_to(&[b, l, self.hc, h.dim(2)])?; // (B, L, hc, D)
         let first = ops::full(&[b, l, 1], 1.0, Dtype::F32)?;
         let mut pre_mix = ops::concatenate(&[&first, &ops::zeros(&[b, l, self.hc - 1], Dtype::F32)?], -1)?; // (B, L, hc)
         let mut shared = Shared::default();
@@ -561,14 +561,6 @@ impl Model for DeepseekV41 {
     }
 }
 
-/// `mx.repeat(x, n, axis)`: each entry along `axis` `n` times in a row.
-fn repeat(x: &Array, n: i32, axis: i32) -> Result<Array> {
-    let axis = if axis < 0 { axis + x.ndim() as i32 } else { axis };
-    let e = x.expand_dims(&[axis + 1])?;
-    let mut shape = x.shape();
-    shape[axis as usize] *= n;
-    Ok(ops::concatenate(&vec![&e; n.max(0) as usize], axis + 1)?.reshape(&shape)?)
-}
 
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
     let c = parse(config)?;

@@ -131,7 +131,7 @@ impl Attention {
         } else {
             let k_nope = self.embed_q.forward(&kv_latent, false)?; // (B, H, S, nope)
             let v = self.unembed_out.forward(&kv_latent, true)?; // (B, H, S, v_head_dim)
-            let k_rope = ops::concatenate(&vec![&k_rope; k_nope.dim(1) as usize], 1)?; // broadcast_to heads
+            let k_rope = k_rope.broadcast_to(&[k_nope.dim(0), k_nope.dim(1), k_rope.dim(2), k_rope.dim(3)])?; // (B, H, S, rope)
             let q = ops::concatenate(&[&q_nope, &q_rope], -1)?;
             let k = ops::concatenate(&[&k_nope, &k_rope], -1)?;
             sdpa(&q, &k, &v, scale, mask.as_mask())?

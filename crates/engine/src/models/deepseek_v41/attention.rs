@@ -1,7 +1,7 @@
 //! deepseek_v41.py's attention: the sliding window of single-head latents, the KV compressor
 //! (groups of `ratio` tokens pooled by a softmax gate) and the indexer that picks each query's
 //! top-k compressed groups (optionally within candidate blocks), attended together with sinks.
-use super::{append, fake_quant_fp4, fake_quant_fp8, repeat, Config, LayerCache, TailRope};
+use super::{append, fake_quant_fp4, fake_quant_fp8, Config, LayerCache, TailRope};
 use crate::error::Result;
 use crate::nn::moe::SwitchLinear;
 use crate::nn::{Linear, QuantConfig, RmsNorm, Rope, RopeScaling};
@@ -108,7 +108,7 @@ impl Indexer {
             let chosen = block_scores.neg()?.argpartition(k_blocks - 1, -1)?.slice_axis(-1, 0, k_blocks)?;
             let reachable = block_scores.take_along_axis(&chosen, -1)?.gt(&neg_inf)?;
             let c = ops::zeros(&block_scores.shape(), Dtype::Bool)?.put_along_axis(&chosen, &reachable, -1)?;
-            candidates = Some(repeat(&c, block, -1)?.slice_axis(-1, 0, groups)?);
+            candidates = Some(c.repeat(block, -1)?.slice_axis(-1, 0, groups)?);
         } else if let Some(c) = &candidates {
             scores = ops::where_(c, &scores, &neg_inf)?;
         }

@@ -1,7 +1,7 @@
 //! deepseek_v41.py's pipeline stages: what a stage hands the next besides the streams and the
 //! `pre_mix` weights, the shared state that later layers read from earlier ones (`_crossing`),
 //! packed as one byte message in `_layout`'s order, each part at a multiple of 8 bytes.
-use super::{append, repeat, Config, LayerCache, Shared};
+use super::{append, Config, LayerCache, Shared};
 use crate::error::{EngineError, Result};
 use crate::pipeline::Stage;
 use mlx::{ops, Array, Dtype};
@@ -117,7 +117,7 @@ pub(super) fn receive(c: &Config, stage: &Stage, crossing: &[(&'static str, i32)
             "candidates" => {
                 let source = crossing.iter().find(|(k, _)| *k == key).map_or(-1, |(_, s)| *s);
                 let keys = index_keys(c, source, start + l);
-                let mask = repeat(&part, c.candidate_block_size, -1)?;
+                let mask = part.repeat(c.candidate_block_size, -1)?;
                 shared.candidates = (keys > 0).then(|| mask.slice_axis(-1, 0, keys)).transpose()?;
             }
             _ => shared.topk_idx = Some(part),

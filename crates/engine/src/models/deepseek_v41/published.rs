@@ -1,6 +1,6 @@
 //! deepseek_v41.py's `sanitize`: the checkpoint as DeepSeek publishes it (its own tensor names,
 //! FP8 / FP4 weights with ue8m0 scales) renamed and repacked into MLX's layout.
-use super::{parse, repeat};
+use super::parse;
 use crate::error::{EngineError, Result};
 use checkpoint::Weights;
 use mlx::{ops, Array, Dtype};
@@ -49,7 +49,7 @@ fn repack(weight: &Array, scale: &Array) -> Result<(Array, Array)> {
     };
     let rows = weight.dim(-2);
     if scale.dim(-2) != rows {
-        scale = repeat(&scale, 32, -2)?.slice_axis(-2, 0, rows)?;
+        scale = scale.repeat(32, -2)?.slice_axis(-2, 0, rows)?;
     }
     Ok((weight.view(Dtype::U32)?, scale))
 }
