@@ -97,6 +97,15 @@ step_split() {
     echo "== $(basename "$1") step split round $r, $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_step_split.py --model "$1" -p 128 -g 256 2>&1 | tail -1)"
   done
 }
+# The MoE shape $1 with every layer in 4 bits (see `moe`), made once in $models.
+moe_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || python3 bench/make_shape.py "$1" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null; echo "$d"; }
+# `bench` of the folder $3 with the remaining arguments, the variable $1 at 0 then 1, in each round of $2.
+alternate() {
+  local var=$1 rounds=$2 d=$3; shift 3
+  for r in $rounds; do
+    for g in 0 1; do echo "== round $r $(basename "$d") $var=$g: $(env "$var=$g" ./mlx-gen bench --model "$d" "$@" --json | med)"; done
+  done
+}
 shape_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || python3 bench/make_shape.py "$1" "$d" --bits 4 --dtype bfloat16 >/dev/null; echo "$d"; }
 {
 case $section in
@@ -259,8 +268,7 @@ moe)
   # includes CUTLASS's cute headers, which the wheel does not ship), so qwen3_moe's 8-bit routers
   # fail in both tools there: the shape is made with every layer in 4 bits (--uniform).
   s=${SHAPE:-qwen3-30b-a3b}
-  d=$models/$s-4bit-bfloat16
-  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null
+  d=$(moe_dir "$s")
   MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
       -p 512 -g 256 -n 2 --rounds 3 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_$s.json"
   step_split "$d"
@@ -563,14 +571,8 @@ qmvcols)
   ;;
 gather)
   ./batch_step_cost --gather 1 2 4
-  s=${SHAPE:-mixtral-8x7b}
-  d=$models/$s-4bit-bfloat16
-  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null
-  for r in ${GATHER_ROUNDS:-1 2}; do
-    for g in 0 1; do
-      echo "== round $r $s MLX_GEN_GATHER_KERNEL=$g: $(MLX_GEN_GATHER_KERNEL=$g ./mlx-gen bench --model "$d" -p 512 -g 256 -n 2 --json | med)"
-    done
-  done
+  d=$(moe_dir "${SHAPE:-mixtral-8x7b}")
+  alternate MLX_GEN_GATHER_KERNEL "${GATHER_ROUNDS:-1 2}" "$d" -p 512 -g 256 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
   ;;
 auto)
@@ -652,8 +654,7 @@ grouped)
   # A prompt's experts one expert at a time (MLX_GEN_MOE_GROUPED=1) against MLX's sorted gathered product (issue
   # 17's prefill): greedy tokens and log-probabilities of a 64-token continuation of a long prompt, then prefill
   # at 512 in GROUPED_ROUNDS alternating rounds; first the load's split (SHAPE, default mixtral-8x7b; KEEP=1).
-  s=${SHAPE:-mixtral-8x7b}; d=$models/$s-4bit-bfloat16
-  [ -f "$d/config.json" ] || python3 bench/make_shape.py "$s" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null
+  s=${SHAPE:-mixtral-8x7b}; d=$(moe_dir "$s")
   echo "== $s load: $(MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt hi -m 1 2>&1 | grep 'trace: load' | head -1)"
   python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
   for g in 0 1; do
@@ -661,11 +662,7 @@ grouped)
         --output json --logprobs > "$out/grouped-$s-$g.json" 2>/dev/null
   done
   echo "== $s grouped against gathered: $(same_tokens "$out/grouped-$s-0.json" "$out/grouped-$s-1.json")"
-  for r in ${GROUPED_ROUNDS:-1 2}; do
-    for g in 0 1; do
-      echo "== round $r $s MLX_GEN_MOE_GROUPED=$g: $(MLX_GEN_MOE_GROUPED=$g ./mlx-gen bench --model "$d" -p 512 -g 64 -n 2 --json | med)"
-    done
-  done
+  alternate MLX_GEN_MOE_GROUPED "${GROUPED_ROUNDS:-1 2}" "$d" -p 512 -g 64 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
   ;;
 devmem)
