@@ -67,6 +67,7 @@
 #   gpu_suite.sh why    fixed costs: batch_step_cost's exit crash (native stack), a forward of L positions with keys
 #                       fixed and growing, the batch step and the self-drafting round, each under key buckets / no CUDA
 #                       graphs / our attention kernel; Llama-3.2-3B decode with every weight through the few-row kernel
+#   gpu_suite.sh graphs MLX's CUDA graphs against direct launches on host-bound decode (three shapes)
 #   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
 #                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
@@ -648,6 +649,13 @@ why)
       kv=(); [ "$k" = default ] || kv=(MLX_GEN_QMM_KERNEL=$k)
       echo "-- llama-3.2-3b decode round $r MLX_GEN_QMM_KERNEL=$k: $(env "${kv[@]}" ./mlx-gen bench --model "$d3" -p 512 -g 256 -n 2 --json | med)"
     done
+  done
+  ;;
+graphs)
+  # MLX's CUDA graphs against direct launches (MLX_USE_CUDA_GRAPHS=0) where decode is host-bound on MLX's queueing
+  # of kernels: Qwen3-0.6B, Llama-3.2-3B, DeepSeek-V2-Lite decode at prompt 512 (GRAPH_ROUNDS alternating rounds).
+  for d in "$(shape_dir qwen3-0.6b)" "$(shape_dir llama-3.2-3b)" "$(moe_dir deepseek-v2-lite)"; do
+    alternate MLX_USE_CUDA_GRAPHS "${GRAPH_ROUNDS:-1 2}" "$d" -p 512 -g 256 -n 2
   done
   ;;
 grouped)
