@@ -178,12 +178,7 @@ fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask
     };
     match mask {
         Mask::None => {}
-        Mask::Causal => {
-            // Query i sees the keys up to real - l + i (never a padded one).
-            let qi = ops::arange(f64::from(real - l), f64::from(real), 1.0, Dtype::I32)?.expand_dims(&[1])?;
-            let ki = ops::arange(0.0, f64::from(s), 1.0, Dtype::I32)?.expand_dims(&[0])?;
-            scores = ops::where_(&qi.ge(&ki)?, &scores, &min)?;
-        }
+        Mask::Causal => scores = ops::where_(&causal_keep(real, l, s)?, &scores, &min)?,
         Mask::Array(m) if m.dtype() == Dtype::Bool => scores = ops::where_(&as_scores(m.clone())?, &scores, &min)?,
         Mask::Array(m) => scores = scores.add(&as_scores(m.astype(scores.dtype())?)?)?,
     }
@@ -191,6 +186,26 @@ fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask
     let probs = if rep > 1 { probs.reshape(&[b, hkv, rep * l, s])? } else { probs };
     let out = probs.matmul(&v)?; // (B, Hkv, rep * L, Dv)
     Ok(if rep > 1 { out.reshape(&[b, hq, l, -1])? } else { out })
+}
+
+thread_local! {
+    /// The last causal mask built: (keys, queries, columns) and the mask.
+    static CAUSAL: std::cell::RefCell<Option<((i32, i32, i32), Array)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The causal mask (L, S) of `l` queries ending at key `real` over `s` key columns: query i sees
+/// the keys up to real - l + i (never a padded one). Every layer of a forward pass asks the same,
+/// so the last one built is handed out again: one array (three kernels) a pass instead of a layer.
+fn causal_keep(real: i32, l: i32, s: i32) -> Result<Array> {
+    let key = (real, l, s);
+    if let Some(m) = CAUSAL.with(|c| c.borrow().as_ref().filter(|(k, _)| *k == key).map(|(_, m)| m.clone())) {
+        return Ok(m);
+    }
+    let qi = ops::arange(f64::from(real - l), f64::from(real), 1.0, Dtype::I32)?.expand_dims(&[1])?;
+    let ki = ops::arange(0.0, f64::from(s), 1.0, Dtype::I32)?.expand_dims(&[0])?;
+    let m = qi.ge(&ki)?; // (L, S)
+    CAUSAL.with(|c| *c.borrow_mut() = Some((key, m.clone())));
+    Ok(m)
 }
 
 #[cfg(test)]
