@@ -188,9 +188,12 @@ fn composed_attention_in(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask
     Ok(if rep > 1 { out.reshape(&[b, hq, l, -1])? } else { out })
 }
 
+/// A causal mask built by [`causal_keep`]: its (keys, queries, columns) and the mask.
+type CausalMask = ((i32, i32, i32), Array);
+
 thread_local! {
-    /// The last causal mask built: (keys, queries, columns) and the mask.
-    static CAUSAL: std::cell::RefCell<Option<((i32, i32, i32), Array)>> = const { std::cell::RefCell::new(None) };
+    /// The last causal mask built.
+    static CAUSAL: std::cell::RefCell<Option<CausalMask>> = const { std::cell::RefCell::new(None) };
 }
 
 /// The causal mask (L, S) of `l` queries ending at key `real` over `s` key columns: query i sees
