@@ -69,7 +69,7 @@
 #                       graphs / our attention kernel; Llama-3.2-3B decode with every weight through the few-row kernel
 #   gpu_suite.sh graphs MLX's CUDA graphs against direct launches on host-bound decode (three shapes)
 #   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
-#                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split
+#                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split; the decode kernel's tokens
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
@@ -670,6 +670,10 @@ grouped)
         --output json --logprobs > "$out/grouped-$s-$g.json" 2>/dev/null
   done
   echo "== $s grouped against gathered: $(same_tokens "$out/grouped-$s-0.json" "$out/grouped-$s-1.json")"
+  # The gathered decode kernel (on by default) against MLX's gathered product, same prompt and tokens.
+  MLX_GEN_GATHER_KERNEL=0 ./mlx-gen generate --model "$d" --prompt "$(head -c 3000 /tmp/code_edit.txt)" -m 64 --temp 0 \
+      --output json --logprobs > "$out/gathered-mlx-$s.json" 2>/dev/null
+  echo "== $s decode kernel against MLX's gathered product: $(same_tokens "$out/gathered-mlx-$s.json" "$out/grouped-$s-0.json")"
   alternate MLX_GEN_MOE_GROUPED "${GROUPED_ROUNDS:-1 2}" "$d" -p 512 -g 64 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
   ;;
