@@ -69,7 +69,7 @@
 #                       graphs / our attention kernel; Llama-3.2-3B decode with every weight through the few-row kernel
 #   gpu_suite.sh graphs MLX's CUDA graphs against direct launches on host-bound decode (three shapes)
 #   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
-#                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split; the decode kernel's tokens
+#                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split at 8/1/4/16 threads; the decode kernel's tokens
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
@@ -663,7 +663,9 @@ grouped)
   # 17's prefill): greedy tokens and log-probabilities of a 64-token continuation of a long prompt, then prefill
   # at 512 in GROUPED_ROUNDS alternating rounds; first the load's split (SHAPE, default mixtral-8x7b; KEEP=1).
   s=${SHAPE:-mixtral-8x7b}; d=$(moe_dir "$s")
-  echo "== $s load: $(MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt hi -m 1 2>&1 | grep 'trace: load' | head -1)"
+  for t in 8 1 4 16; do
+    echo "== $s load, MLX_GEN_LOAD_THREADS=$t: $(MLX_GEN_LOAD_THREADS=$t MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt hi -m 1 2>&1 | grep 'trace: load' | head -1)"
+  done
   python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
   for g in 0 1; do
     MLX_GEN_MOE_GROUPED=$g ./mlx-gen generate --model "$d" --prompt "$(head -c 3000 /tmp/code_edit.txt)" -m 64 --temp 0 \

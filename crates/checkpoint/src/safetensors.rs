@@ -130,16 +130,19 @@ pub fn load(path: &Path) -> Result<Loaded> {
         let bytes = &map.bytes()[e.start..e.end];
         !bytes.is_empty() && (bytes.as_ptr() as usize).is_multiple_of(e.dtype.size())
     });
-    for e in other {
+    // Not on an element boundary (or empty): read, not copied from the mapping (one pass, not two).
+    let (empty, unaligned): (Vec<Entry>, Vec<Entry>) = other.into_iter().partition(|e| e.start == e.end);
+    for e in empty {
+        stats.copied += 1;
+        let a = Array::from_bytes(&[], &e.shape, e.dtype).map_err(|err| named(&e, err))?;
+        tensors.push((e.name, a));
+    }
+    let places: Vec<(u64, &[i32], Dtype)> = unaligned.iter().map(|e| (e.start as u64, e.shape.as_slice(), e.dtype)).collect();
+    let read = mlx::io::read_many(&file, &places);
+    for (e, a) in unaligned.into_iter().zip(read) {
+        let a = a.map_err(|err| named(&e, err))?;
         stats.bytes += (e.end - e.start) as u64;
         stats.copied += 1;
-        let a = if e.start == e.end {
-            Array::from_bytes(&[], &e.shape, e.dtype)
-        } else {
-            // Not on an element boundary: read, not copied from the mapping (one pass, not two).
-            mlx::io::read_at(&file, e.start as u64, &e.shape, e.dtype)
-        }
-        .map_err(|err| named(&e, err))?;
         tensors.push((e.name, a));
     }
     let places: Vec<(usize, &[i32], Dtype)> = mapped.iter().map(|e| (e.start, e.shape.as_slice(), e.dtype)).collect();

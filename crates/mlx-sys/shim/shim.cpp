@@ -7,6 +7,7 @@
 #include <mlx/graph_utils.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <execinfo.h>
 #include <unistd.h>
@@ -222,6 +223,33 @@ int mlxs_array_from_data(mlxs_array* out, const void* data, const int32_t* shape
     std::memcpy(block + sizeof(size_t), data, bytes);
     int zero_copy = 0;
     *out = wrap(external_array(block + sizeof(size_t), bytes, std::move(sh), dt, [block] { std::free(block); }, &zero_copy));
+  });
+}
+
+int mlxs_array_read_file(mlxs_array* out, int fd, uint64_t offset, const int32_t* shape, int ndim, int dtype) {
+  return guard([&] {
+    auto dt = dtype_of(dtype);
+    auto sh = shape_of(shape, ndim);
+    size_t bytes = checked_bytes(sh, dt);
+    // Read straight into a buffer of MLX's allocator (host-visible on every backend: the CPU's
+    // memory, Metal's shared buffers, CUDA's managed memory), as MLX's own loader does: one copy.
+    auto data = mx::allocator::malloc(bytes);  // freed by its destructor if the read fails
+    auto buffer = data.buffer();
+    char* p = static_cast<char*>(buffer.raw_ptr());
+    size_t done = 0;
+    while (done < bytes) {
+      ssize_t n = pread(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) {
+        continue;
+      }
+      if (n <= 0) {
+        int err = errno;
+        throw std::runtime_error("reading " + std::to_string(bytes) + " bytes at " + std::to_string(offset) + ": " +
+                                 (n == 0 ? std::string("unexpected end of file") : std::string(std::strerror(err))));
+      }
+      done += static_cast<size_t>(n);
+    }
+    *out = wrap(mx::array(std::move(data), std::move(sh), dt));
   });
 }
 

@@ -39,6 +39,7 @@ extern "C" {
         ndim: c_int,
         dtype: c_int,
     ) -> c_int;
+    pub fn mlxs_array_read_file(out: *mut mlxs_array, fd: c_int, offset: u64, shape: *const i32, ndim: c_int, dtype: c_int) -> c_int;
     pub fn mlxs_array_from_external(
         out: *mut mlxs_array,
         data: *mut c_void,

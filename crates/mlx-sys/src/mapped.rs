@@ -138,10 +138,35 @@ unsafe impl Send for Made {}
 /// which reads a file on several threads, took 7). Where MLX uses the bytes in place it is cheap
 /// either way.
 pub fn from_mapping_many(map: &Arc<Mapping>, ranges: &[MappedRange<'_>], threads: usize) -> Vec<Result<(Handle, bool)>> {
-    let one = |r: &MappedRange<'_>| from_mapping(map, r.offset, r.shape, r.dtype, r.itemsize);
-    let threads = threads.clamp(1, ranges.len().max(1));
+    on_threads(ranges.len(), threads, |i| {
+        let r = &ranges[i];
+        from_mapping(map, r.offset, r.shape, r.dtype, r.itemsize)
+    })
+}
+
+/// One tensor's place in a file, for [`read_many`]: as [`read_at`]'s arguments.
+pub struct FileRange<'a> {
+    pub offset: u64,
+    pub shape: &'a [i32],
+    pub dtype: i32,
+}
+
+/// [`read_at`] for many tensors of one file, read on up to `threads` threads at once, the results
+/// in `ranges`' order: the tensors of a file MLX wrote (its header unpadded, so no tensor starts on
+/// an element boundary and none can be used in place) read in parallel, as MLX's own reader does.
+pub fn read_many(file: &File, ranges: &[FileRange<'_>], threads: usize) -> Vec<Result<Handle>> {
+    let made = on_threads(ranges.len(), threads, |i| {
+        let r = &ranges[i];
+        read_at(file, r.offset, r.shape, r.dtype).map(|h| (h, false))
+    });
+    made.into_iter().map(|r| r.map(|(h, _)| h)).collect()
+}
+
+/// `make(i)` for every i below `n` on up to `threads` threads, the results in order.
+fn on_threads(n: usize, threads: usize, make: impl Fn(usize) -> Result<(Handle, bool)> + Sync) -> Vec<Result<(Handle, bool)>> {
+    let threads = threads.clamp(1, n.max(1));
     if threads == 1 {
-        return ranges.iter().map(one).collect();
+        return (0..n).map(make).collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut made: Vec<(usize, Result<(Made, bool)>)> = std::thread::scope(|s| {
@@ -151,8 +176,10 @@ pub fn from_mapping_many(map: &Arc<Mapping>, ranges: &[MappedRange<'_>], threads
                     let mut got = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(r) = ranges.get(i) else { break got };
-                        got.push((i, one(r).map(|(h, in_place)| (Made(h), in_place))));
+                        if i >= n {
+                            break got;
+                        }
+                        got.push((i, make(i).map(|(h, flag)| (Made(h), flag))));
                     }
                 })
             })
@@ -160,12 +187,7 @@ pub fn from_mapping_many(map: &Arc<Mapping>, ranges: &[MappedRange<'_>], threads
         workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
     });
     made.sort_unstable_by_key(|(i, _)| *i);
-    made.into_iter().map(|(_, r)| r.map(|(Made(h), in_place)| (h, in_place))).collect()
-}
-
-unsafe extern "C" fn release_words(owner: *mut c_void) {
-    // SAFETY: `owner` is the Box made in `read_at`, released exactly once by MLX's deleter.
-    drop(unsafe { Box::from_raw(owner.cast::<Vec<u64>>()) });
+    made.into_iter().map(|(_, r)| r.map(|(Made(h), flag)| (h, flag))).collect()
 }
 
 /// Bytes of `shape` elements of `itemsize` bytes, checked for overflow and negative dimensions.
@@ -179,26 +201,10 @@ fn byte_len(shape: &[i32], itemsize: usize) -> Result<usize> {
 }
 
 /// An array of `shape` elements of `dtype` read from `file` at `offset` (`pread`) straight into a
-/// buffer MLX then uses in place on the CPU: one copy, for data a mapping cannot hand over (not on
-/// an element boundary). The caller has checked that the range lies inside the file.
-pub fn read_at(file: &File, offset: u64, shape: &[i32], dtype: i32, itemsize: usize) -> Result<Handle> {
-    use std::os::unix::fs::FileExt;
-    let bytes = byte_len(shape, itemsize)?;
-    // One word of room before the data for the size header MLX's CPU buffers carry; 8-aligned.
-    let mut words = vec![0u64; 1 + bytes.div_ceil(8)];
-    // SAFETY: `words` holds `8 * words.len()` initialised bytes; u8 has no alignment or validity
-    // requirement, and the byte view ends before `words` is used again.
-    let view = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), 8 * words.len()) };
-    view[..8].copy_from_slice(&(bytes as u64).to_le_bytes());
-    file.read_exact_at(&mut view[8..8 + bytes], offset).map_err(|e| format!("reading {bytes} bytes at {offset}: {e}"))?;
-    let mut words = Box::new(words);
-    // SAFETY: the data start one word into the boxed buffer, which lives until MLX releases `owner`.
-    let data = unsafe { words.as_mut_ptr().add(1) }.cast::<c_void>();
-    let owner = Box::into_raw(words).cast::<c_void>();
-    let mut zero_copy: c_int = 0;
-    // SAFETY: `bytes` bytes at `data`, the word before them readable, owned by `owner` until
-    // `release_words` runs on it, once.
-    crate::make(|o| unsafe {
-        ffi::mlxs_array_from_external(o, data, bytes, shape.as_ptr(), crate::len_i32(shape.len()), dtype, owner, release_words, &mut zero_copy)
-    })
+/// buffer of MLX's allocator, which it then uses as it is on every backend: one copy, for data a
+/// mapping cannot hand over (not on an element boundary). The caller has checked that the range
+/// lies inside the file; a short read is an error.
+pub fn read_at(file: &File, offset: u64, shape: &[i32], dtype: i32) -> Result<Handle> {
+    // SAFETY: `shape` outlives the call; the descriptor is open for as long as `file` is borrowed.
+    crate::make(|o| unsafe { ffi::mlxs_array_read_file(o, file.as_raw_fd(), offset, shape.as_ptr(), crate::len_i32(shape.len()), dtype) })
 }

@@ -31,24 +31,45 @@ pub use mlx_sys::mapped::Mapping;
 /// Arrays over `map`'s bytes, one for each `(offset, shape, dtype)` tensor (row-major, the range
 /// inside the mapping, past its first 8 bytes, aligned to the element size), in the order given,
 /// each with whether it is used in place: where the backend can (the CPU; Metal for page-aligned
-/// data), else copied once (CUDA), several tensors at a time on up to 8 threads. The mapping stays
-/// alive while an array needs it.
+/// data), else copied once (CUDA), several tensors at a time on up to 8 threads
+/// (`MLX_GEN_LOAD_THREADS=N` sets how many: a copy into CUDA's managed memory faults its pages in
+/// on the host, and how many threads pay is what to measure). The mapping stays alive while an
+/// array needs it.
 #[track_caller]
 pub fn from_mapping_many(map: &std::sync::Arc<Mapping>, tensors: &[(usize, &[i32], Dtype)]) -> Vec<Result<(Array, bool)>> {
     let ranges: Vec<_> = tensors
         .iter()
         .map(|&(offset, shape, dtype)| mlx_sys::mapped::MappedRange { offset, shape, dtype: dtype.code(), itemsize: dtype.size() })
         .collect();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    let threads = match load_threads() {
+        Ok(n) => n,
+        Err(message) => return tensors.iter().map(|_| ctx("array from mapped file", Err(message.clone()))).collect(),
+    };
     mlx_sys::mapped::from_mapping_many(map, &ranges, threads)
         .into_iter()
         .map(|r| ctx("array from mapped file", r).map(|(h, in_place)| (Array::from_handle(h), in_place)))
         .collect()
 }
 
-/// An array of `shape` elements of `dtype` read from `file` at byte `offset`, in one copy into a
-/// buffer MLX uses as it is (for data a mapping cannot hand over: not on an element boundary).
+/// Threads copying a file's tensors: `MLX_GEN_LOAD_THREADS` (a whole number from 1), else the
+/// machine's cores up to 8.
+fn load_threads() -> std::result::Result<usize, String> {
+    match std::env::var("MLX_GEN_LOAD_THREADS") {
+        Ok(v) => v.trim().parse::<usize>().ok().filter(|&n| n >= 1).ok_or(format!("MLX_GEN_LOAD_THREADS={v:?} is not a whole number from 1")),
+        Err(_) => Ok(std::thread::available_parallelism().map_or(1, |n| n.get().min(8))),
+    }
+}
+
+/// Arrays of `(offset, shape, dtype)` tensors read from `file`, each in one copy into a buffer MLX
+/// uses as it is (for data a mapping cannot hand over: not on an element boundary, as in every file
+/// MLX's own `save_safetensors` writes), several at a time on [`from_mapping_many`]'s threads, in
+/// the order given.
 #[track_caller]
-pub fn read_at(file: &std::fs::File, offset: u64, shape: &[i32], dtype: Dtype) -> Result<Array> {
-    ctx("array read from file", mlx_sys::mapped::read_at(file, offset, shape, dtype.code(), dtype.size())).map(Array::from_handle)
+pub fn read_many(file: &std::fs::File, tensors: &[(u64, &[i32], Dtype)]) -> Vec<Result<Array>> {
+    let threads = match load_threads() {
+        Ok(n) => n,
+        Err(message) => return tensors.iter().map(|_| ctx("array read from file", Err(message.clone()))).collect(),
+    };
+    let ranges: Vec<_> = tensors.iter().map(|&(offset, shape, dtype)| mlx_sys::mapped::FileRange { offset, shape, dtype: dtype.code() }).collect();
+    mlx_sys::mapped::read_many(file, &ranges, threads).into_iter().map(|r| ctx("array read from file", r).map(Array::from_handle)).collect()
 }
