@@ -35,9 +35,11 @@ int mlxs_array_from_data(mlxs_array* out, const void* data, const int32_t* shape
 /* An array over `bytes` bytes at `data` (row-major `shape` of `dtype`) that the caller owns:
  * release(owner) runs once MLX no longer needs them (at once if MLX copied them). *zero_copy is 1
  * when the array uses the bytes in place. The 8 bytes before `data` must be readable. */
-int mlxs_array_read_file(mlxs_array* out, int fd, uint64_t offset, const int32_t* shape, int ndim, int dtype);
 int mlxs_array_from_external(mlxs_array* out, void* data, size_t bytes, const int32_t* shape, int ndim,
                              int dtype, void* owner, void (*release)(void*), int* zero_copy);
+/* A row-major `shape` of `dtype` read from file descriptor `fd` at byte `offset` (pread) into a buffer
+ * of MLX's allocator, which the array then owns; a short read is an error. */
+int mlxs_array_read_file(mlxs_array* out, int fd, uint64_t offset, const int32_t* shape, int ndim, int dtype);
 int mlxs_array_scalar(mlxs_array* out, double value, int dtype);
 int mlxs_array_ndim(const mlxs_array a);
 int mlxs_array_shape(const mlxs_array a, int32_t* shape);

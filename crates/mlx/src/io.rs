@@ -41,14 +41,8 @@ pub fn from_mapping_many(map: &std::sync::Arc<Mapping>, tensors: &[(usize, &[i32
         .iter()
         .map(|&(offset, shape, dtype)| mlx_sys::mapped::MappedRange { offset, shape, dtype: dtype.code(), itemsize: dtype.size() })
         .collect();
-    let threads = match load_threads() {
-        Ok(n) => n,
-        Err(message) => return tensors.iter().map(|_| ctx("array from mapped file", Err(message.clone()))).collect(),
-    };
-    mlx_sys::mapped::from_mapping_many(map, &ranges, threads)
-        .into_iter()
-        .map(|r| ctx("array from mapped file", r).map(|(h, in_place)| (Array::from_handle(h), in_place)))
-        .collect()
+    let made = load_threads().map(|threads| mlx_sys::mapped::from_mapping_many(map, &ranges, threads));
+    each(made, tensors.len()).into_iter().map(|r| ctx("array from mapped file", r).map(|(h, in_place)| (Array::from_handle(h), in_place))).collect()
 }
 
 /// Threads copying a file's tensors: `MLX_GEN_LOAD_THREADS` (a whole number from 1), else the
@@ -60,16 +54,18 @@ fn load_threads() -> std::result::Result<usize, String> {
     }
 }
 
+/// The results of `n` tensors made on the loader's threads, or the thread count's error for each.
+fn each<T>(made: std::result::Result<Vec<mlx_sys::Result<T>>, String>, n: usize) -> Vec<mlx_sys::Result<T>> {
+    made.unwrap_or_else(|message| (0..n).map(|_| Err(message.clone())).collect())
+}
+
 /// Arrays of `(offset, shape, dtype)` tensors read from `file`, each in one copy into a buffer MLX
 /// uses as it is (for data a mapping cannot hand over: not on an element boundary, as in every file
 /// MLX's own `save_safetensors` writes), several at a time on [`from_mapping_many`]'s threads, in
 /// the order given.
 #[track_caller]
 pub fn read_many(file: &std::fs::File, tensors: &[(u64, &[i32], Dtype)]) -> Vec<Result<Array>> {
-    let threads = match load_threads() {
-        Ok(n) => n,
-        Err(message) => return tensors.iter().map(|_| ctx("array read from file", Err(message.clone()))).collect(),
-    };
     let ranges: Vec<_> = tensors.iter().map(|&(offset, shape, dtype)| mlx_sys::mapped::FileRange { offset, shape, dtype: dtype.code() }).collect();
-    mlx_sys::mapped::read_many(file, &ranges, threads).into_iter().map(|r| ctx("array read from file", r).map(Array::from_handle)).collect()
+    let read = load_threads().map(|threads| mlx_sys::mapped::read_many(file, &ranges, threads));
+    each(read, tensors.len()).into_iter().map(|r| ctx("array read from file", r).map(Array::from_handle)).collect()
 }

@@ -561,7 +561,6 @@ impl Model for DeepseekV41 {
     }
 }
 
-
 pub fn load(config: &serde_json::Value, weights: &mut Weights, q: &QuantConfig) -> Result<Box<dyn Model>> {
     let c = parse(config)?;
     let model_type = config.get("model_type").and_then(|t| t.as_str()).unwrap_or("deepseek_v41").to_owned();

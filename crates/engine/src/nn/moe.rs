@@ -173,18 +173,11 @@ impl SwitchGlu {
                 return Self::forward_gathered((up, gate, down), x, indices, &act);
             }
         }
-        let x = x.expand_dims(&[-2, -3])?; // (B, L, 1, 1, dims)
         let (x, idx, inv_order) = if do_sort {
-            // _gather_sort
-            let m = indices.dim(-1);
-            let flat = indices.reshape(&[-1])?;
-            let order = flat.argsort(-1)?;
-            let inv_order = order.argsort(-1)?;
-            let xs = x.reshape(&[-1, x.dim(-2), x.dim(-1)])?; // flatten(0, -3)
-            let xs = xs.take(&order.floor_divide_scalar(f64::from(m))?, 0)?;
-            (xs, flat.take(&order, 0)?, Some(inv_order))
+            let (xs, sorted, inv_order) = gather_sort(x, indices)?;
+            (xs.expand_dims(&[-2])?, sorted, Some(inv_order)) // (N, 1, dims)
         } else {
-            (x, indices.clone(), None)
+            (x.expand_dims(&[-2, -3])?, indices.clone(), None) // (B, L, 1, 1, dims)
         };
         let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
         let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
@@ -201,6 +194,18 @@ impl SwitchGlu {
         };
         Ok(y.squeeze(&[-2])?)
     }
+}
+
+/// mlx-lm's `_gather_sort`: x (B, L, dims) and indices (B, L, k) -> each slot's (token, chosen
+/// expert) row of x sorted by expert (N, dims), the sorted experts (N,), and the order that puts
+/// the slots back (N,), N = B * L * k.
+fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
+    let k = indices.dim(-1);
+    let flat = indices.reshape(&[-1])?; // (N,)
+    let order = flat.argsort(-1)?;
+    let inv_order = order.argsort(-1)?;
+    let xs = x.reshape(&[-1, x.dim(-1)])?.take(&order.floor_divide_scalar(f64::from(k))?, 0)?; // (N, dims)
+    Ok((xs, flat.take(&order, 0)?, inv_order))
 }
 
 /// Prompt positions from which a chunk's experts may run grouped ([`SwitchGlu::forward_grouped`]):
@@ -230,12 +235,8 @@ impl SwitchGlu {
     /// product's values up to the products' order of summation. x (B, L, dims), indices (B, L, k)
     /// -> (B, L, k, dims).
     fn forward_grouped(&self, x: &Array, indices: &Array, act: &impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
-        let k = indices.dim(-1);
-        let flat = indices.reshape(&[-1])?; // (N,), N = B * L * k
-        let order = flat.argsort(-1)?;
-        let inv_order = order.argsort(-1)?;
-        let xs = x.reshape(&[-1, x.dim(-1)])?.take(&order.floor_divide_scalar(f64::from(k))?, 0)?; // (N, dims)
-        let sorted: Vec<u32> = flat.take(&order, 0)?.astype(Dtype::U32)?.to_vec()?;
+        let (xs, sorted, inv_order) = gather_sort(x, indices)?;
+        let sorted: Vec<u32> = sorted.astype(Dtype::U32)?.to_vec()?;
         let mut outs = Vec::new();
         let mut start = 0;
         while start < sorted.len() {
