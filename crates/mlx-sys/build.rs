@@ -35,6 +35,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/qmm.cpp");
     println!("cargo:rerun-if-changed=shim/attention.cpp");
     println!("cargo:rerun-if-changed=shim/mask.cpp");
+    println!("cargo:rerun-if-changed=shim/route.cpp");
     println!("cargo:rerun-if-changed=shim/elf.cpp");
     println!("cargo:rerun-if-changed=shim/internal.h");
 
@@ -60,6 +61,7 @@ fn main() {
         .file("shim/qmm.cpp")
         .file("shim/attention.cpp")
         .file("shim/mask.cpp")
+        .file("shim/route.cpp")
         .file("shim/elf.cpp")
         .file("shim/jit.cpp")
         .flag(format!("-isystem{}", include.display()))

@@ -70,6 +70,8 @@
 #   gpu_suite.sh graphs MLX's CUDA graphs against direct launches on host-bound decode (three shapes)
 #   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
 #                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split at 8/1/4/16 threads; the decode kernel's tokens
+#   gpu_suite.sh route  the MoE router as one kernel against MLX's operations (batch_step_cost --route), greedy
+#                       tokens with and without it, then Qwen3-30B-A3B (SHAPE) side by side with mlx-lm (issue 17)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
 #   gpu_suite.sh fusednorm  the residual add fused with the RMS norm (MLX_GEN_FUSED_NORM=1): its tokens and
 #                       log-probabilities against MLX's two kernels, then decode with and without, 3 rounds
@@ -679,6 +681,25 @@ grouped)
   alternate MLX_GEN_MOE_GROUPED "${GROUPED_ROUNDS:-1 2}" "$d" -p 512 -g 64 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
   ;;
+route)
+  # Issue 17's Qwen3-30B-A3B decode (1.24x mlx-lm at 2026-12-07d, host-bound on MLX's queueing of kernels): the
+  # router as one kernel of ours (MLX_GEN_ROUTE_KERNEL, default on) and the experts' gate and up projections as one
+  # stacked product. First the router kernel against MLX's operations (batch_step_cost --route: chosen experts,
+  # weights, ties; its exit status, which was a segmentation fault at exit before 2026-12-07d's fix), then greedy
+  # tokens with and without the kernel on the real shape, then the side-by-side table (3 alternating rounds, same
+  # MLX settings) and (ROUTE_ROUNDS) decode with and without the kernel.
+  ./batch_step_cost --route 1 4 64; echo "batch_step_cost exit status $?"
+  s=${SHAPE:-qwen3-30b-a3b}; d=$(moe_dir "$s")
+  for g in 0 1; do
+    MLX_GEN_ROUTE_KERNEL=$g ./mlx-gen generate --model "$d" --prompt "The capital of France is" -m 64 --temp 0 \
+        --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/route-$s-$g.json"
+  done
+  echo "== $s router kernel against MLX's operations: $(same_tokens "$out/route-$s-0.json" "$out/route-$s-1.json")"
+  MLX_MAX_OPS_PER_BUFFER=80 python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes "$s" \
+      -p 512 -g 256 -n 2 --rounds 3 --mlx-gen-env "MLX_MAX_OPS_PER_BUFFER=80" --out "$out/side_by_side_$s.json"
+  [ -z "${ROUTE_ROUNDS:-}" ] || MLX_MAX_OPS_PER_BUFFER=80 alternate MLX_GEN_ROUTE_KERNEL "$ROUTE_ROUNDS" "$d" -p 512 -g 256 -n 2
+  [ -n "${KEEP:-}" ] || rm -rf "$d"
+  ;;
 devmem)
   # Our kernels' outputs in device memory through MLX's own allocator (MLX_GEN_JIT_DEVICE_MEMORY=1, the default
   # since 2026-12-07c) against the exported allocator's managed memory (=0): greedy tokens and log-probabilities, then decode and pacing
@@ -709,6 +730,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

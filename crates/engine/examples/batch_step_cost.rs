@@ -21,6 +21,12 @@
 //! token) and the down one (a row a slot), the largest difference relative to MLX's largest output
 //! and microseconds a product.
 //!
+//! `batch_step_cost --route [TOKENS...]`: a mixture of experts' router choice as one kernel (`Routing::choose`
+//! with the kernel, ours on a CUDA GPU) against mlx-lm's MLX operations, bfloat16 logits of the
+//! routers of qwen3_moe (128 experts, top 8, renormalised), qwen2_moe (60, top 4), mixtral (8, top
+//! 2, softmax after the choice) and deepseek_v2 (64, top 6, scaled): rows whose experts differ, the
+//! largest weight difference, microseconds a call each way.
+//!
 //! `batch_step_cost --attn`: the few-position attention kernel (`mlx::fast::sdpa_few`, ours on a CUDA
 //! GPU) against MLX's `scaled_dot_product_attention`: a 32-row decode step over left-padded keys
 //! (boolean and additive masks), a verification's 5 and 9 causal positions, head dims 64 and 128,
@@ -151,6 +157,65 @@ fn gather_case(tokens: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--route`: the router kernel against MLX's operations, for each token count.
+fn route_case(tokens: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
+    use engine::nn::moe::Routing;
+    use mlx::Dtype;
+    let cases = [
+        ("qwen3_moe", 128, Routing { select_from_top: true, normalize: true, ..Routing::softmax_top_k(8) }),
+        ("qwen2_moe", 60, Routing::softmax_top_k(4)),
+        ("mixtral", 8, Routing { score_after_select: true, ..Routing::softmax_top_k(2) }),
+        ("deepseek_v2", 64, Routing { scaling: Some(1.0), ..Routing::softmax_top_k(6) }),
+        ("deepseek_v2 x2.5", 64, Routing { scaling: Some(2.5), ..Routing::softmax_top_k(6) }),
+    ];
+    for (name, experts, routing) in cases {
+        for (&t, ties) in tokens.iter().flat_map(|t| [(t, false), (t, true)]) {
+            // Logits in [-4, 4), continuous or in steps of 1/8 (many exact ties).
+            let g = if ties {
+                mlx::random::randint(-32, 32, &[t, experts], Dtype::I32)?.astype(Dtype::F32)?.div_scalar(8.0)?
+            } else {
+                mlx::random::uniform(&[t, experts], Dtype::F32)?.mul_scalar(8.0)?.sub_scalar(4.0)?
+            };
+            let g = g.astype(Dtype::BF16)?;
+            mlx::eval(&[&g])?;
+            let (ki, kw) = routing.choose(&g, None, true)?;
+            let (mi, mw) = routing.choose(&g, None, false)?;
+            mlx::eval(&[&ki, &kw, &mi, &mw])?;
+            let (kiv, miv): (Vec<u32>, Vec<u32>) = (ki.to_vec()?, mi.to_vec()?);
+            let (kwv, mwv): (Vec<f32>, Vec<f32>) = (kw.astype(Dtype::F32)?.to_vec()?, mw.astype(Dtype::F32)?.to_vec()?);
+            let k = routing.top_k as usize;
+            let (mut sets, mut orders, mut wmax) = (0, 0, 0f32);
+            for r in 0..t as usize {
+                let (a, b) = (&kiv[r * k..(r + 1) * k], &miv[r * k..(r + 1) * k]);
+                let (mut sa, mut sb) = (a.to_vec(), b.to_vec());
+                sa.sort_unstable();
+                sb.sort_unstable();
+                if sa != sb {
+                    sets += 1;
+                } else if a != b {
+                    orders += 1;
+                }
+                if a == b {
+                    for j in 0..k {
+                        wmax = wmax.max((kwv[r * k + j] - mwv[r * k + j]).abs());
+                    }
+                }
+            }
+            let (r, gr) = (&routing, &g);
+            let call = |kernel: bool| {
+                move || r.choose(gr, None, kernel).map(|(i, _)| i).map_err(|e| mlx::Error::new("route", e.to_string()))
+            };
+            let (tk, tm) = (us_per_call(50, call(true))?, us_per_call(50, call(false))?);
+            println!(
+                "route {name} {experts} experts top {k}, {t} tokens{}: {sets} rows choose other experts, {orders} in another \
+                 order, largest weight difference {wmax:.3e} where equal; kernel {tk:.1} us, MLX {tm:.1} us",
+                if ties { " (ties)" } else { "" }
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `--attn`: ours against MLX's attention.
 fn attn_case() -> Result<(), Box<dyn std::error::Error>> {
     use mlx::fast::Mask;
@@ -220,10 +285,14 @@ fn forward_case(m: &LoadedModel, ls: &[i32]) -> Result<(), Box<dyn std::error::E
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | MODEL --forward [L...] | --qmm [ROWS...] | --gather [TOKENS...] | --attn")?;
+    let dir = args.next().ok_or("usage: batch_step_cost MODEL [B...] | MODEL --prefill ROWSxLEN[@STEP]... | MODEL --forward [L...] | --qmm [ROWS...] | --gather [TOKENS...] | --route [TOKENS...] | --attn")?;
     let rest: Vec<String> = args.collect();
     if dir == "--attn" {
         return attn_case();
+    }
+    if dir == "--route" {
+        let tokens: Vec<i32> = rest.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+        return route_case(if tokens.is_empty() { &[1, 4, 64, 512] } else { &tokens });
     }
     if dir == "--gather" {
         let tokens: Vec<i32> = rest.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;

@@ -38,18 +38,23 @@ pub(crate) fn check_divides(what: &str, n: i32, size: i32) -> Result<i32> {
 /// a plain layer; q, k, v for a fused one) and each segment is split evenly; copied so that the
 /// full tensor can be freed.
 pub(crate) fn rows(a: &Array, segments: &[i32], rank: i32, size: i32) -> Result<Array> {
+    rows_at(a, 0, segments, rank, size)
+}
+
+/// As [`rows`] along axis `axis` (stacked experts' output rows: -2).
+pub(crate) fn rows_at(a: &Array, axis: i32, segments: &[i32], rank: i32, size: i32) -> Result<Array> {
     let total: i32 = segments.iter().sum();
-    if a.dim(0) != total {
-        return Err(EngineError::Invalid(format!("{} rows, expected {total} to shard", a.dim(0))));
+    if a.dim(axis) != total {
+        return Err(EngineError::Invalid(format!("{} rows, expected {total} to shard", a.dim(axis))));
     }
     let mut parts = Vec::with_capacity(segments.len());
     let mut start = 0;
     for &len in segments {
         let part = check_divides("a projection's output size", len, size)?;
-        parts.push(a.slice_axis(0, start + rank * part, start + (rank + 1) * part)?);
+        parts.push(a.slice_axis(axis, start + rank * part, start + (rank + 1) * part)?);
         start += len;
     }
-    let joined = if parts.len() == 1 { parts.pop().expect("one part") } else { ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)? };
+    let joined = if parts.len() == 1 { parts.pop().expect("one part") } else { ops::concatenate(&parts.iter().collect::<Vec<_>>(), axis)? };
     Ok(joined.contiguous()?)
 }
 

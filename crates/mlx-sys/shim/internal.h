@@ -161,11 +161,12 @@ bool jit_available();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
 // gathered products (qmm.cpp), the residual add with the RMS norm (norm.cpp), attention of a few
 // query positions (attention.cpp), the gated-delta recurrence (recurrent.cpp), the token mask
-// (mask.cpp).
+// (mask.cpp), a mixture of experts' router (route.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
 std::vector<std::pair<std::string, std::string>> add_rms_norm_sources();
 std::vector<std::pair<std::string, std::string>> sdpa_few_sources();
 std::vector<std::pair<std::string, std::string>> gated_delta_sources();
 std::vector<std::pair<std::string, std::string>> mask_tokens_sources();
+std::vector<std::pair<std::string, std::string>> moe_route_sources();
 
 }  // namespace shim

@@ -579,6 +579,9 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
     for (auto& s : shim::mask_tokens_sources()) {
       all.push_back(std::move(s));
     }
+    for (auto& s : shim::moe_route_sources()) {
+      all.push_back(std::move(s));
+    }
     *compiled = 0;
     for (const auto& [key, source] : all) {
       std::string log;

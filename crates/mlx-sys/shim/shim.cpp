@@ -366,6 +366,11 @@ static void wait_at_exit() {
   std::call_once(once, [] {
     install_crash_trace();
     static const mx::Stream stream = mx::default_stream(mx::default_device());
+    // Reach the stream's device state now (on CUDA: its command encoder, built on first use), so that
+    // MLX's statics behind it are constructed before the handler is registered and so destroyed after it
+    // runs. Where they were first built later (a program whose first evaluation held CPU arrays only),
+    // the handler met them destroyed: a segmentation fault at exit in get_command_encoder.
+    mx::synchronize(stream);
     std::atexit([] {
       try {
         mx::synchronize(stream);

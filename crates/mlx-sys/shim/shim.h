@@ -150,6 +150,15 @@ int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const
 int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
                          const mlxs_array biases, const mlxs_array indices, int group_size, int bits,
                          const char* mode);
+/* A mixture-of-experts router's choice as one CUDA kernel (route.cpp): logits (..., E) -> *inds (..., k) uint32 and
+   *weights (..., k) in the logits' dtype. mode 0: softmax (precise), the k largest, with normalize each row's
+   weights divided by their sum; mode 1: the k largest logits, then softmax over them; then each weight times
+   `scale` (1: none) in the dtype. from_top = 1: in
+   argpartition(g, kth=-k)[..., -k:]'s order, else argpartition(-g, kth=k-1)[..., :k]'s. Both left null where the
+   kernel does not run (not a CUDA GPU, another dtype than 16/32-bit floats, more than 4096 experts or 32 chosen,
+   logits not row-contiguous). */
+int mlxs_moe_route(mlxs_array* inds, mlxs_array* weights, const mlxs_array logits, int k, int mode, int from_top,
+                   int normalize, float scale);
 /* 1 where mlxs_qmm_rows runs its kernel for products that suit it (the default device is a CUDA GPU and
    NVRTC is loaded), else 0. */
 int mlxs_qmm_rows_available(void);

@@ -217,6 +217,16 @@ extern "C" {
         kernel: c_int,
     ) -> c_int;
     pub fn mlxs_mask_tokens(out: *mut mlxs_array, logits: mlxs_array, words: *const u32, n_words: usize) -> c_int;
+    pub fn mlxs_moe_route(
+        inds: *mut mlxs_array,
+        weights: *mut mlxs_array,
+        logits: mlxs_array,
+        k: c_int,
+        mode: c_int,
+        from_top: c_int,
+        normalize: c_int,
+        scale: f32,
+    ) -> c_int;
     pub fn mlxs_elf_function_value(path: *const c_char, name: *const c_char, value: *mut u64) -> c_int;
     pub fn mlxs_gated_delta_kernel(
         y: *mut mlxs_array,

@@ -528,6 +528,17 @@ pub fn mask_tokens(logits: &Handle, words: &[u32]) -> Result<Option<Handle>> {
     Ok(NonNull::new(out).map(Handle))
 }
 
+/// A mixture-of-experts router's choice as one CUDA kernel: (expert indices, weights), each
+/// (..., k); `None` where the kernel does not run. `select_first`: the k largest logits, then their
+/// softmax (else softmax, the k largest, `normalize`d where asked), times `scale`; `from_top`:
+/// qwen3_moe's order.
+pub fn moe_route(logits: &Handle, k: i32, select_first: bool, from_top: bool, normalize: bool, scale: f32) -> Result<Option<(Handle, Handle)>> {
+    let (mut inds, mut weights): (ffi::mlxs_array, ffi::mlxs_array) = (ptr::null_mut(), ptr::null_mut());
+    let (mode, top, norm) = (c_int::from(select_first), c_int::from(from_top), c_int::from(normalize));
+    check(unsafe { ffi::mlxs_moe_route(&mut inds, &mut weights, logits.raw(), k, mode, top, norm, scale) })?;
+    Ok(NonNull::new(inds).map(Handle).zip(NonNull::new(weights).map(Handle)))
+}
+
 /// The value of function `name` in the symbol table of the ELF file at `path` (0: none), as the
 /// shim finds MLX's device allocator in libmlx.
 pub fn elf_function_value(path: &str, name: &str) -> Result<u64> {

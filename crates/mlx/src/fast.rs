@@ -72,6 +72,22 @@ pub fn mask_tokens(logits: &Array, words: &[u32]) -> Result<Option<Array>> {
     Ok(ctx("mask_tokens", sys::mask_tokens(logits.handle(), words))?.map(Array::from_handle))
 }
 
+/// A mixture-of-experts router's choice from its logits (..., E) as one CUDA kernel: (expert
+/// indices (..., k) uint32, weights (..., k) in the logits' dtype), rounding as MLX's kernels for
+/// mlx-lm's operations do (route.cpp). `select_first` (mixtral): the k largest logits in
+/// `argpartition(-g, kth=k-1)[..., :k]`'s order, then `softmax(precise=True)` over them. Otherwise
+/// (qwen3_moe, qwen2_moe): `softmax(g, precise=True)`, the k largest in `argpartition(g,
+/// kth=-k)[..., -k:]`'s order where `from_top`, else in `argpartition(-g, kth=k-1)[..., :k]`'s,
+/// then with `normalize` each row divided by its sum; then each weight times `scale` in the
+/// logits' dtype (`scores * routed_scaling_factor`; 1.0 for none). `None` where the kernel does not run (not a
+/// CUDA GPU, other dtypes, more than 4096 experts or 32 chosen): the caller composes MLX's
+/// operations.
+#[track_caller]
+pub fn moe_route(logits: &Array, k: i32, select_first: bool, from_top: bool, normalize: bool, scale: f32) -> Result<Option<(Array, Array)>> {
+    Ok(ctx("moe_route", sys::moe_route(logits.handle(), k, select_first, from_top, normalize, scale))?
+        .map(|(i, w)| (Array::from_handle(i), Array::from_handle(w))))
+}
+
 /// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K): on a CUDA GPU, for 1 <= M <= 7 rows of bfloat16 or float16
 /// and affine 4- or 8-bit weights in groups of 32, 64 or 128, one kernel of ours that reads each
 /// weight once for all rows in 16-byte packs (MLX's reads it once a row up to 7 rows with a

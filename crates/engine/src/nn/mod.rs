@@ -1,6 +1,6 @@
 //! Building blocks shared by the architectures: (quantized) linear and embedding layers, RMS norm,
-//! rotary embeddings and attention over a KV cache. Each mirrors its `mlx.nn` / mlx-lm counterpart
-//! operation for operation, so that results are bit-identical.
+//! rotary embeddings, attention over a KV cache and mixture-of-experts layers. Each mirrors its
+//! `mlx.nn` / mlx-lm counterpart operation for operation, so that results are bit-identical.
 mod attention;
 mod embedding;
 pub mod gated_delta;
@@ -11,6 +11,7 @@ mod norm;
 mod quant;
 mod rope;
 pub mod sdpa;
+mod switch;
 
 pub use attention::{Attention, AttentionSpec, PlainQkNorm};
 

@@ -1,292 +1,15 @@
-//! Mixture-of-experts layers as mlx-lm's `switch_layers.py`: experts stacked into one tensor and run
-//! through MLX's gathered (quantized) matmul, so only the chosen experts' weights are read.
-use super::quant::{QuantConfig, Quantized};
+//! Mixture-of-experts layers as mlx-lm's model files build them: the routers ([`Gate`], [`Routing`]),
+//! the dense and shared experts' [`GluMlp`], and the feed-forward block [`Ffn`] around the routed
+//! experts of [`super::switch`] (`switch_layers.py`), whose items are re-exported here.
+use super::quant::QuantConfig;
 use super::Linear;
 use crate::error::{EngineError, Result};
-use crate::shard::{self, ShardMode};
-use checkpoint::{Vb, Weights};
+use crate::shard::ShardMode;
+use checkpoint::Vb;
 use mlx::distributed::Group;
-use mlx::ops;
-use mlx::runtime::Device;
 use mlx::{Array, Dtype};
 
-/// mlx-lm's `sanitize` expert stacking: `{prefix}.experts.{e}.{m}.{k}` for every expert `e` becomes
-/// `{prefix}.switch_mlp.{m}.{k}` (stacked on a new first axis), for m in gate/down/up projections
-/// and k in weight/scales/biases, where expert 0 has it.
-pub fn stack_experts(weights: &mut Weights, prefix: &str, n_experts: i32) -> Result<()> {
-    let names = [("gate_proj", "gate_proj"), ("down_proj", "down_proj"), ("up_proj", "up_proj")];
-    stack_experts_as(weights, prefix, n_experts, &names)
-}
-
-/// As [`stack_experts`] with the experts' own projection names: `{prefix}.experts.{e}.{from}.{k}`
-/// becomes `{prefix}.switch_mlp.{to}.{k}` for each `(from, to)` (Mixtral's w1/w2/w3).
-pub fn stack_experts_as(weights: &mut Weights, prefix: &str, n_experts: i32, names: &[(&str, &str)]) -> Result<()> {
-    for (from, to) in names {
-        for k in ["weight", "scales", "biases"] {
-            if !weights.contains(&format!("{prefix}.experts.0.{from}.{k}")) {
-                continue;
-            }
-            let parts = (0..n_experts)
-                .map(|e| {
-                    let name = format!("{prefix}.experts.{e}.{from}.{k}");
-                    weights.remove(&name).ok_or(EngineError::missing_tensor(name))
-                })
-                .collect::<Result<Vec<Array>>>()?;
-            let stacked = ops::stack(&parts.iter().collect::<Vec<_>>(), 0)?;
-            weights.insert(format!("{prefix}.switch_mlp.{to}.{k}"), stacked);
-        }
-    }
-    Ok(())
-}
-
-#[derive(Clone)]
-enum SwitchKind {
-    Float(Array), // (experts, out, in)
-    Quant(Quantized),
-}
-
-/// `SwitchLinear` / `QuantizedSwitchLinear` without bias: one (out, in) matrix per expert.
-#[derive(Clone)]
-pub struct SwitchLinear(SwitchKind);
-
-impl SwitchLinear {
-    pub fn load(vb: &Vb<'_>, in_dims: i32, out_dims: i32, experts: i32, q: &QuantConfig) -> Result<SwitchLinear> {
-        Ok(SwitchLinear(match q.layer(vb, in_dims)? {
-            Some(spec) => SwitchKind::Quant(Quantized::load_stacked(vb, &[experts], out_dims, in_dims, spec)?),
-            None => SwitchKind::Float(vb.get("weight", &[experts, out_dims, in_dims])?),
-        }))
-    }
-
-    pub fn arrays(&self) -> Vec<&Array> {
-        match &self.0 {
-            SwitchKind::Float(w) => vec![w],
-            SwitchKind::Quant(q) => q.arrays(),
-        }
-    }
-
-    /// x (n, in) through expert `e` alone -> (n, out): a plain (quantized) product over that
-    /// expert's slice of the stack, which takes the device's fastest product for n rows.
-    fn forward_expert(&self, x: &Array, e: i32) -> Result<Array> {
-        let one = |a: &Array| -> Result<Array> { Ok(a.slice_axis(0, e, e + 1)?.squeeze(&[0])?) };
-        match &self.0 {
-            SwitchKind::Float(w) => Ok(x.matmul(&one(w)?.t()?)?),
-            SwitchKind::Quant(q) => q.map(one)?.matmul_t(x),
-        }
-    }
-
-    /// The number of experts stacked.
-    fn experts(&self) -> i32 {
-        match &self.0 {
-            SwitchKind::Float(w) => w.dim(0),
-            SwitchKind::Quant(q) => q.weight.dim(0),
-        }
-    }
-
-    /// This rank's block of every expert (mlx-lm's `shard_inplace`): its output rows (axis -2) for
-    /// all-to-sharded, its input columns (axis -1) for sharded-to-all; no sum over the group here.
-    pub fn shard(&self, mode: ShardMode, group: &Group) -> Result<SwitchLinear> {
-        let axis = if mode == ShardMode::AllToSharded { -2 } else { -1 };
-        let part = |a: &Array| shard::block(a, axis, group.rank(), group.size());
-        Ok(SwitchLinear(match &self.0 {
-            SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
-            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
-        }))
-    }
-
-    /// This rank's block of the experts themselves (axis 0: mlx-lm's `shard_inplace` with the
-    /// segments on axis 0), each kept whole.
-    pub fn shard_experts(&self, group: &Group) -> Result<SwitchLinear> {
-        let part = |a: &Array| shard::block(a, 0, group.rank(), group.size());
-        Ok(SwitchLinear(match &self.0 {
-            SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
-            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
-        }))
-    }
-
-    /// x (..., 1, in) with expert `indices` -> (..., 1, out).
-    pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
-        Ok(match &self.0 {
-            SwitchKind::Float(w) => {
-                let y = ops::gather_mm(x, &w.swapaxes(-1, -2)?, None, Some(indices), sorted)?;
-                // MLX's CPU kernel fails at evaluation with an internal message otherwise.
-                if y.dtype() != Dtype::F32 && mlx::runtime::default_device() == Device::Cpu {
-                    return Err(EngineError::Invalid(format!(
-                        "this model's unquantized mixture-of-experts layers compute in {}, which MLX runs only \
-                         in float32 on the CPU: use a GPU, or a quantized or float32 copy of the model \
-                         (mlx_lm.convert -q, or --dtype float32)",
-                        y.dtype().name()
-                    )));
-                }
-                y
-            }
-            SwitchKind::Quant(q) => {
-                ops::gather_qmm(x, &q.weight, &q.scales, q.biases.as_ref(), Some(indices), true, q.spec, sorted)?
-            }
-        })
-    }
-}
-
-/// `SwitchGLU` with the default `SwiGLU` activation and no biases.
-#[derive(Clone)]
-pub struct SwitchGlu {
-    gate_proj: SwitchLinear,
-    up_proj: SwitchLinear,
-    down_proj: SwitchLinear,
-}
-
-impl SwitchGlu {
-    pub fn load(vb: &Vb<'_>, dims: i32, hidden: i32, experts: i32, q: &QuantConfig) -> Result<SwitchGlu> {
-        Ok(SwitchGlu {
-            gate_proj: SwitchLinear::load(&vb.pp("gate_proj"), dims, hidden, experts, q)?,
-            up_proj: SwitchLinear::load(&vb.pp("up_proj"), dims, hidden, experts, q)?,
-            down_proj: SwitchLinear::load(&vb.pp("down_proj"), hidden, dims, experts, q)?,
-        })
-    }
-
-    pub fn arrays(&self) -> Vec<&Array> {
-        [self.gate_proj.arrays(), self.up_proj.arrays(), self.down_proj.arrays()].concat()
-    }
-
-    /// This rank's block of every expert's hidden units; the caller sums the outputs over `group`.
-    pub fn shard(&self, group: &Group) -> Result<SwitchGlu> {
-        Ok(SwitchGlu {
-            gate_proj: self.gate_proj.shard(ShardMode::AllToSharded, group)?,
-            up_proj: self.up_proj.shard(ShardMode::AllToSharded, group)?,
-            down_proj: self.down_proj.shard(ShardMode::ShardedToAll, group)?,
-        })
-    }
-
-    /// x (B, L, dims), indices (B, L, k) -> (B, L, k, dims): each token through each chosen expert.
-    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
-        self.forward_with(x, indices, |up, gate| Ok(mlx::fast::swiglu(gate, up)?))
-    }
-
-    /// [`SwitchGlu::forward`] with the activation `act(up, gate)` (a `SwitchGLU(activation=...)`).
-    pub fn forward_with(&self, x: &Array, indices: &Array, act: impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
-        // With many tokens, sort them by expert so each expert's weights are read in order.
-        let do_sort = indices.size() >= 64;
-        if do_sort && self.grouped_pays(indices) {
-            return self.forward_grouped(x, indices, &act);
-        }
-        if !do_sort {
-            if let Some((up, gate, down)) = self.gathered_experts() {
-                return Self::forward_gathered((up, gate, down), x, indices, &act);
-            }
-        }
-        let (x, idx, inv_order) = if do_sort {
-            let (xs, sorted, inv_order) = gather_sort(x, indices)?;
-            (xs.expand_dims(&[-2])?, sorted, Some(inv_order)) // (N, 1, dims)
-        } else {
-            (x.expand_dims(&[-2, -3])?, indices.clone(), None) // (B, L, 1, 1, dims)
-        };
-        let x_up = self.up_proj.forward(&x, &idx, do_sort)?;
-        let x_gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let y = self.down_proj.forward(&act(&x_up, &x_gate)?, &idx, do_sort)?;
-        let y = match inv_order {
-            Some(inv) => {
-                // _scatter_unsort, then unflatten to (B, L, k, 1, dims)
-                let y = y.take(&inv, 0)?;
-                let mut shape = indices.shape();
-                shape.extend([y.dim(-2), y.dim(-1)]);
-                y.reshape(&shape)?
-            }
-            None => y,
-        };
-        Ok(y.squeeze(&[-2])?)
-    }
-}
-
-/// mlx-lm's `_gather_sort`: x (B, L, dims) and indices (B, L, k) -> each slot's (token, chosen
-/// expert) row of x sorted by expert (N, dims), the sorted experts (N,), and the order that puts
-/// the slots back (N,), N = B * L * k.
-fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array)> {
-    let k = indices.dim(-1);
-    let flat = indices.reshape(&[-1])?; // (N,)
-    let order = flat.argsort(-1)?;
-    let inv_order = order.argsort(-1)?;
-    let xs = x.reshape(&[-1, x.dim(-1)])?.take(&order.floor_divide_scalar(f64::from(k))?, 0)?; // (N, dims)
-    Ok((xs, flat.take(&order, 0)?, inv_order))
-}
-
-/// Prompt positions from which a chunk's experts may run grouped ([`SwitchGlu::forward_grouped`]):
-/// never a decode step, a batch step or a speculative verification, whose pipelining a host read
-/// would break.
-const GROUPED_MIN_TOKENS: usize = 64;
-
-impl SwitchGlu {
-    /// Whether a prompt chunk's tokens run through their experts one expert at a time
-    /// ([`SwitchGlu::forward_grouped`]): `MLX_GEN_MOE_GROUPED=1`, for a chunk of 64+ positions
-    /// with 16+ slots an expert on average. Off by default until measured on the GPU, where MLX
-    /// 0.32.4's gathered product of a sorted prompt is slow (Mixtral-8x7B's 512-token prompt: 2.4 s
-    /// in mlx-lm and here, BENCHMARKS.md 2026-12-07c).
-    fn grouped_pays(&self, indices: &Array) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_MOE_GROUPED").is_ok_and(|v| v == "1"));
-        let k = indices.dim(-1).max(1) as usize;
-        let experts = self.down_proj.experts().max(1) as usize;
-        on && indices.size() / k >= GROUPED_MIN_TOKENS && indices.size() / experts >= 16
-    }
-
-    /// [`SwitchGlu::forward_with`] for a prompt chunk, one expert at a time: the slots (token,
-    /// chosen expert) sorted by expert as mlx-lm's `_gather_sort`, the sorted experts read to the
-    /// host (one device round trip a layer), then each expert's run of slots through a plain
-    /// product of that expert's weights (MLX's tiled product, or the dequantized weight and the
-    /// dense product for long runs), and the outputs put back in the slots' order: the gathered
-    /// product's values up to the products' order of summation. x (B, L, dims), indices (B, L, k)
-    /// -> (B, L, k, dims).
-    fn forward_grouped(&self, x: &Array, indices: &Array, act: &impl Fn(&Array, &Array) -> Result<Array>) -> Result<Array> {
-        let (xs, sorted, inv_order) = gather_sort(x, indices)?;
-        let sorted: Vec<u32> = sorted.astype(Dtype::U32)?.to_vec()?;
-        let mut outs = Vec::new();
-        let mut start = 0;
-        while start < sorted.len() {
-            let e = sorted[start];
-            let end = start + sorted[start..].iter().take_while(|&&v| v == e).count();
-            let e = i32::try_from(e).map_err(|_| EngineError::Invalid(format!("expert index {e} out of range")))?;
-            let xe = xs.slice_axis(0, start as i32, end as i32)?; // (n_e, dims)
-            let h = act(&self.up_proj.forward_expert(&xe, e)?, &self.gate_proj.forward_expert(&xe, e)?)?; // (n_e, hidden)
-            outs.push(self.down_proj.forward_expert(&h, e)?); // (n_e, dims)
-            start = end;
-        }
-        let y = ops::concatenate(&outs.iter().collect::<Vec<_>>(), 0)?.take(&inv_order, 0)?; // (N, dims)
-        let mut shape = indices.shape();
-        shape.push(y.dim(-1));
-        Ok(y.reshape(&shape)?) // (B, L, k, dims)
-    }
-
-    /// The up, gate and down experts where all three take [`mlx::fast::gather_qmm_rows`]'s kernel
-    /// ([`Quantized::gathered_rows_pay`]).
-    fn gathered_experts(&self) -> Option<(&Quantized, &Quantized, &Quantized)> {
-        match (&self.up_proj.0, &self.gate_proj.0, &self.down_proj.0) {
-            (SwitchKind::Quant(up), SwitchKind::Quant(gate), SwitchKind::Quant(down))
-                if up.gathered_rows_pay() && gate.gathered_rows_pay() && down.gathered_rows_pay() =>
-            {
-                Some((up, gate, down))
-            }
-            _ => None,
-        }
-    }
-
-    /// [`SwitchGlu::forward_with`] for a few tokens through [`mlx::fast::gather_qmm_rows`]: one
-    /// kernel a projection, each slot (token, chosen expert) reading only its expert's weight.
-    fn forward_gathered(
-        (up, gate, down): (&Quantized, &Quantized, &Quantized),
-        x: &Array,
-        indices: &Array,
-        act: &impl Fn(&Array, &Array) -> Result<Array>,
-    ) -> Result<Array> {
-        let k = indices.dim(-1);
-        let t = (indices.size() / k.max(1) as usize) as i32;
-        let x2 = x.reshape(&[t, x.dim(-1)])?; // (T, dims)
-        let idx = indices.reshape(&[t, k])?.astype(Dtype::U32)?; // (T, k)
-        let rows = |q: &Quantized, x: &Array| mlx::fast::gather_qmm_rows(x, &q.weight, &q.scales, q.biases.as_ref(), &idx, q.spec);
-        let h = act(&rows(up, &x2)?, &rows(gate, &x2)?)?; // (T, k, hidden)
-        let y = rows(down, &h.reshape(&[t * k, h.dim(-1)])?)?; // (T, k, dims)
-        let mut shape = indices.shape();
-        shape.push(y.dim(-1));
-        Ok(y.reshape(&shape)?) // (B, L, k, dims)
-    }
-}
+pub use super::switch::{stack_experts, stack_experts_as, SwitchGlu, SwitchLinear};
 
 /// A SwiGLU MLP without biases, `down(silu(gate(x)) * up(x))`: DeepSeek's dense layers and shared
 /// experts.
@@ -454,11 +177,31 @@ impl Gate {
     }
 }
 
-impl Router for Gate {
-    fn route(&self, x: &Array) -> Result<(Array, Array)> {
-        let r = &self.routing;
-        let gates = self.proj.forward(x)?; // (B, L, experts)
-        let gates = if r.float32 { gates.astype(Dtype::F32)? } else { gates };
+/// Whether routers take [`mlx::fast::moe_route`]'s kernel where their routing suits it (on a CUDA
+/// GPU; `MLX_GEN_ROUTE_KERNEL=0` keeps MLX's operations).
+fn route_kernel() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_GEN_ROUTE_KERNEL").map_or(true, |v| v != "0"))
+}
+
+impl Routing {
+    /// The chosen experts (..., k) and their weights for router logits `gates` (..., experts), as
+    /// mlx-lm's gates compute them after the projection; `bias`: DeepSeek-V3's
+    /// `e_score_correction_bias`. With `kernel`, a softmax routing without groups, bias or float32
+    /// scores (qwen3_moe, qwen2_moe, mixtral, deepseek_v2's greedy one) runs as one CUDA kernel
+    /// ([`mlx::fast::moe_route`]) where the device has it: one kernel a layer instead of three to
+    /// six, rounding as MLX's do.
+    pub fn choose(&self, gates: &Array, bias: Option<&Array>, kernel: bool) -> Result<(Array, Array)> {
+        let r = self;
+        let plain = bias.is_none() && !r.float32 && r.groups.is_none() && r.normalize_eps.is_none();
+        let suits = plain && r.scoring == Scoring::Softmax && !(r.score_after_select && (r.normalize || r.scaling.is_some()));
+        if kernel && suits {
+            let scale = r.scaling.unwrap_or(1.0) as f32;
+            if let Some(chosen) = mlx::fast::moe_route(gates, r.top_k, r.score_after_select, r.select_from_top, r.normalize, scale)? {
+                return Ok(chosen);
+            }
+        }
+        let gates = if r.float32 { gates.astype(Dtype::F32)? } else { gates.clone() };
         if r.score_after_select {
             let inds = r.select(&gates)?;
             let scores = gates.take_along_axis(&inds, -1)?.softmax(&[-1], true)?;
@@ -468,7 +211,7 @@ impl Router for Gate {
             Scoring::Softmax => gates.softmax(&[-1], !r.float32)?,
             Scoring::Sigmoid => gates.sigmoid()?,
         };
-        let mut choice = match &self.correction_bias {
+        let mut choice = match bias {
             Some(b) => scores.add(b)?,
             None => scores.clone(),
         };
@@ -501,6 +244,13 @@ impl Router for Gate {
             scores = scores.mul_scalar(f)?;
         }
         Ok((inds, scores))
+    }
+}
+
+impl Router for Gate {
+    fn route(&self, x: &Array) -> Result<(Array, Array)> {
+        let gates = self.proj.forward(x)?; // (B, L, experts)
+        self.routing.choose(&gates, self.correction_bias.as_ref(), route_kernel())
     }
 
     fn arrays(&self) -> Vec<&Array> {
@@ -651,61 +401,5 @@ mod tests {
         assert!(Gate::check(8, &Routing::softmax_top_k(9)).is_err());
         assert!(Gate::check(8, &Routing { groups: Some((3, 1, GroupScore::Max)), ..Routing::softmax_top_k(2) }).is_err());
         assert!(Gate::check(8, &Routing { groups: Some((4, 2, GroupScore::TopTwoSum)), ..Routing::softmax_top_k(2) }).is_ok());
-    }
-
-    #[test]
-    fn grouped_path_equals_the_sorted_gathered_product() {
-        // 4 experts of SwiGLU (dims 64, hidden 32), float32 and 4-bit; 40 tokens choosing 2
-        // experts each (expert 1 never chosen): one expert at a time equals MLX's sorted
-        // gathered product, and the output comes back in the slots' order.
-        let (t, k) = (40, 2);
-        let x = Array::from_slice(&(0..t * 64).map(|i| ((i * 5 % 23) as f32 - 11.0) / 16.0).collect::<Vec<_>>(), &[1, t, 64]).unwrap();
-        let picks: Vec<u32> = (0..t * k).map(|i| [0u32, 2, 3][(i as usize * 7 / 3) % 3]).collect();
-        let idx = Array::from_slice(&picks, &[1, t, k]).unwrap();
-        let float = |out: i32, inp: i32, salt: usize| {
-            let n = (4 * out * inp) as usize;
-            Array::from_slice(&(0..n).map(|i| (((i * 7 + salt) % 13) as f32 - 6.0) / 8.0).collect::<Vec<_>>(), &[4, out, inp]).unwrap()
-        };
-        let q = mlx::ops::QuantSpec::affine(32, 4);
-        let quant = |w: Array| {
-            let (weight, scales, biases) = mlx::ops::quantize(&w, q).unwrap();
-            SwitchLinear(SwitchKind::Quant(Quantized { weight, scales, biases, spec: q }))
-        };
-        let act = |up: &Array, gate: &Array| Ok(mlx::fast::swiglu(gate, up)?);
-        for quantized in [false, true] {
-            let make = |out, inp, salt| if quantized { quant(float(out, inp, salt)) } else { SwitchLinear(SwitchKind::Float(float(out, inp, salt))) };
-            let glu = SwitchGlu { gate_proj: make(32, 64, 1), up_proj: make(32, 64, 2), down_proj: make(64, 32, 3) };
-            let want = glu.forward(&x, &idx).unwrap().to_vec::<f32>().unwrap();
-            let got = glu.forward_grouped(&x, &idx, &act).unwrap();
-            assert_eq!(got.shape(), vec![1, t, k, 64]);
-            let got = got.to_vec::<f32>().unwrap();
-            let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let worst = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(worst <= 1e-5 * scale, "quantized {quantized}: {worst} against {scale}");
-        }
-    }
-
-    #[test]
-    fn gathered_path_equals_mlx_gathered_product() {
-        // 4 experts of SwiGLU (dims 64, hidden 32) in 4 bits; 3 tokens choosing 2 experts each.
-        // The few-token path through gather_qmm_rows (MLX's gathered product where its kernel does
-        // not run, as here) gives forward_with's MLX path exactly.
-        let q = mlx::ops::QuantSpec::affine(32, 4);
-        let expert = |out: i32, inp: i32, salt: usize| {
-            let n = (4 * out * inp) as usize;
-            let w = Array::from_slice(&(0..n).map(|i| (((i * 7 + salt) % 13) as f32 - 6.0) / 8.0).collect::<Vec<_>>(), &[4, out, inp]).unwrap();
-            let (weight, scales, biases) = mlx::ops::quantize(&w, q).unwrap();
-            SwitchLinear(SwitchKind::Quant(Quantized { weight, scales, biases, spec: q }))
-        };
-        let glu = SwitchGlu { gate_proj: expert(32, 64, 1), up_proj: expert(32, 64, 2), down_proj: expert(64, 32, 3) };
-        let x = Array::from_slice(&(0..192).map(|i| ((i % 17) as f32 - 8.0) / 16.0).collect::<Vec<_>>(), &[1, 3, 64]).unwrap();
-        let idx = Array::from_slice(&[0u32, 3, 2, 1, 3, 2], &[1, 3, 2]).unwrap();
-        let want = glu.forward(&x, &idx).unwrap();
-        let SwitchGlu { gate_proj: SwitchLinear(SwitchKind::Quant(g)), up_proj: SwitchLinear(SwitchKind::Quant(u)), down_proj: SwitchLinear(SwitchKind::Quant(d)) } = &glu else {
-            unreachable!("quantized experts")
-        };
-        let got = SwitchGlu::forward_gathered((u, g, d), &x, &idx, &|up, gate| Ok(mlx::fast::swiglu(gate, up)?)).unwrap();
-        assert_eq!(got.shape(), vec![1, 3, 2, 64]);
-        assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
     }
 }
