@@ -36,6 +36,7 @@ fn main() {
     println!("cargo:rerun-if-changed=shim/attention.cpp");
     println!("cargo:rerun-if-changed=shim/mask.cpp");
     println!("cargo:rerun-if-changed=shim/route.cpp");
+    println!("cargo:rerun-if-changed=shim/mma.cpp");
     println!("cargo:rerun-if-changed=shim/elf.cpp");
     println!("cargo:rerun-if-changed=shim/internal.h");
 
@@ -62,6 +63,7 @@ fn main() {
         .file("shim/attention.cpp")
         .file("shim/mask.cpp")
         .file("shim/route.cpp")
+        .file("shim/mma.cpp")
         .file("shim/elf.cpp")
         .file("shim/jit.cpp")
         .flag(format!("-isystem{}", include.display()))

@@ -70,6 +70,8 @@
 #   gpu_suite.sh graphs MLX's CUDA graphs against direct launches on host-bound decode (three shapes)
 #   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
 #                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split at 8/1/4/16 threads; the decode kernel's tokens
+#   gpu_suite.sh mma    the tensor-core product of 8-256 rows (MLX_GEN_QMM_MMA=1) against MLX's: error and time, the
+#                       batch step, a few-position forward, the self-drafting round, the server (issues 19, 20)
 #   gpu_suite.sh route  the MoE router as one kernel against MLX's operations (batch_step_cost --route), greedy
 #                       tokens with and without it, then Qwen3-30B-A3B (SHAPE) side by side with mlx-lm (issue 17)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
@@ -681,6 +683,37 @@ grouped)
   alternate MLX_GEN_MOE_GROUPED "${GROUPED_ROUNDS:-1 2}" "$d" -p 512 -g 64 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
   ;;
+mma)
+  # Issues 19 and 20: the quantized product of 8-256 rows on the tensor cores (MLX_GEN_QMM_MMA=1, off by default)
+  # against MLX's tiled product: error and time at 8-64 rows (batch_step_cost --qmm), then on the Llama-3.2-3B
+  # shape with and without it, alternating: the batch step at 1/8/32 rows, one forward of 1/5/8/9 positions, the
+  # self-drafting round (K = 4, every draft accepted), greedy tokens of a speculative run (equal expected up to a
+  # near-tie), then the server at 1/8/32 streams on both dense shapes (MMA_SERVE="" skips it).
+  ./batch_step_cost --qmm 8 16 32 64; echo "batch_step_cost exit status $?"
+  d3=$(shape_dir llama-3.2-3b); d06=$(shape_dir qwen3-0.6b)
+  for r in 1 2; do
+    for v in 0 1; do
+      echo "-- llama-3.2-3b round $r MLX_GEN_QMM_MMA=$v"
+      MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 1 8 32 2>&1 | grep '^batch'
+      MLX_GEN_QMM_MMA=$v ./batch_step_cost "$d3" --forward 1 5 8 9
+    done
+  done
+  for v in 0 1; do
+    echo "-- llama-3.2-3b drafting for itself, K=4, MLX_GEN_QMM_MMA=$v"
+    MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" \
+        --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^(Speculative|trace: [0-9]+ rounds)"
+    MLX_GEN_QMM_MMA=$v ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/mma-spec-$v.json"
+  done
+  echo "== speculative tokens, tensor-core product against MLX's: $(same_tokens "$out/mma-spec-0.json" "$out/mma-spec-1.json")"
+  for sh in ${MMA_SERVE-qwen3-0.6b llama-3.2-3b}; do
+    for v in 0 1; do
+      echo "-- $sh server MLX_GEN_QMM_MMA=$v"
+      MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
+          --model "$(shape_dir $sh)" --concurrency 1,8,32 --max-tokens 128 --rounds 1 --server-log "$out/mma-$sh-$v" 2>&1 | grep -E "streams:"
+    done
+  done
+  ;;
 route)
   # Issue 17's Qwen3-30B-A3B decode (1.24x mlx-lm at 2026-12-07d, host-bound on MLX's queueing of kernels): the
   # router as one kernel of ours (MLX_GEN_ROUTE_KERNEL, default on) and the experts' gate and up projections as one
@@ -730,6 +763,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -10,7 +10,7 @@
 //! steps' stage split (`MLX_GEN_TRACE`).
 //!
 //! `batch_step_cost --qmm [ROWS...]`: the quantized product of a few rows (`mlx::fast::qmm_rows`,
-//! ours on a CUDA GPU for 1-7 rows; default 1, 2, 4, 5, 7) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of the shapes of
+//! ours on a CUDA GPU for 1-7 rows; `mlx::fast::qmm_mma`, ours on the tensor cores, for 8-256; default 1, 2, 4, 5, 7) against MLX's `quantized_matmul`, 4-bit g64 bfloat16 weights of the shapes of
 //! a Llama-3.2-3B layer and of a Qwen2.5-7B layer (fused projections): the largest difference
 //! relative to MLX's largest output, microseconds a product of each (100 products queued at once,
 //! median of 6 such batches) and the weight bytes read a second at that pace.
@@ -109,7 +109,14 @@ fn qmm_case(rows: &[i32]) -> Result<(), Box<dyn std::error::Error>> {
         for &m in rows {
             let x = mlx::random::uniform(&[m, k], Dtype::F32)?.astype(Dtype::BF16)?;
             mlx::eval(&[&x])?;
-            let ours = |x: &Array| mlx::fast::qmm_rows(x, &wq, &s, b.as_ref(), spec);
+            // 1-7 rows: the few-row kernel; 8 and more: the tensor-core one.
+            let ours = |x: &Array| {
+                if m >= 8 {
+                    mlx::fast::qmm_mma(x, &wq, &s, b.as_ref(), spec)
+                } else {
+                    mlx::fast::qmm_rows(x, &wq, &s, b.as_ref(), spec)
+                }
+            };
             let theirs = |x: &Array| mlx::ops::quantized_matmul(x, &wq, &s, b.as_ref(), true, spec);
             let (a, r) = (ours(&x)?.astype(Dtype::F32)?, theirs(&x)?.astype(Dtype::F32)?);
             let diff = rel_max_diff(&a, &r)?;

@@ -158,15 +158,18 @@ const char* jit_prelude();
 const char* jit_type(mx::Dtype dtype);
 // Whether JitKernels run here: a CUDA GPU by default and NVRTC in the process.
 bool jit_available();
+// The default GPU's compute capability as a number (90 for sm_90); only where jit_available().
+int jit_sm();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
 // gathered products (qmm.cpp), the residual add with the RMS norm (norm.cpp), attention of a few
 // query positions (attention.cpp), the gated-delta recurrence (recurrent.cpp), the token mask
-// (mask.cpp), a mixture of experts' router (route.cpp).
+// (mask.cpp), a mixture of experts' router (route.cpp), the tensor-core product of 8-256 rows (mma.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
 std::vector<std::pair<std::string, std::string>> add_rms_norm_sources();
 std::vector<std::pair<std::string, std::string>> sdpa_few_sources();
 std::vector<std::pair<std::string, std::string>> gated_delta_sources();
 std::vector<std::pair<std::string, std::string>> mask_tokens_sources();
 std::vector<std::pair<std::string, std::string>> moe_route_sources();
+std::vector<std::pair<std::string, std::string>> qmm_mma_sources();
 
 }  // namespace shim

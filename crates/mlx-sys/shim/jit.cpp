@@ -509,6 +509,10 @@ bool jit_available() {
   return kernel_backend() == 1 && runtime_found();
 }
 
+int jit_sm() {
+  return std::atoi(arch().c_str());
+}
+
 void* JitKernel::function() {
   std::lock_guard<std::mutex> held(lock_);
   if (function_ == nullptr) {
@@ -580,6 +584,9 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
       all.push_back(std::move(s));
     }
     for (auto& s : shim::moe_route_sources()) {
+      all.push_back(std::move(s));
+    }
+    for (auto& s : shim::qmm_mma_sources()) {
       all.push_back(std::move(s));
     }
     *compiled = 0;

@@ -14,8 +14,8 @@
 // (qwen3_moe's `argpartition(g, kth=-k)[..., -k:]`) the k largest in ascending order, equal values
 // by ascending index (so the larger index wins a tie at the boundary); from_top = 0 (the others'
 // `argpartition(-g, kth=k-1)[..., :k]`) in descending order, equal values by ascending index; the
-// renormalising sum in float32 over the chosen weights in that order, rounded to the dtype, then
-// each weight divided by it and rounded; the factor cast to the dtype, the product rounded once. Other backends, dtypes and shapes leave the outputs null
+// renormalising sum as MLX's row reduction sums a short row (in the dtype itself, 8 values a thread
+// in order, then the threads' sums), each weight divided by it in float32 and rounded (`__hdiv`); the factor cast to the dtype, the product rounded once. Other backends, dtypes and shapes leave the outputs null
 // (the engine composes MLX's operations).
 #include "internal.h"
 
@@ -197,11 +197,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK) KNAME(const T* logits, u32* 
     inds[row * K + tid] = static_cast<u32>(pick[tid]);
     float out = chosen[tid];
     if (NORMALIZE) {
-      float sum = 0.0f;
-      for (int j = 0; j < K; ++j) {
-        sum += chosen[j];
+      // MLX's row_reduce_simple: blocks of 8 values a thread summed in order in T itself, then the
+      // threads' sums by the xor butterfly (K <= 32: at most 4 of them).
+      T part[4];
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        part[p] = from_f<T>(0.0f);
       }
-      out = to_f(from_f<T>(out / to_f(from_f<T>(sum))));
+      for (int j = 0; j < K; ++j) {
+        part[j / 8] = add_t(part[j / 8], from_f<T>(chosen[j]));
+      }
+      const T sum = add_t(add_t(part[0], part[2]), add_t(part[1], part[3]));
+      out = to_f(from_f<T>(out / to_f(sum)));
     }
     w[row * K + tid] = scaled(out, scale_bits);
   }

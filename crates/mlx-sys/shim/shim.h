@@ -159,6 +159,11 @@ int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w
    logits not row-contiguous). */
 int mlxs_moe_route(mlxs_array* inds, mlxs_array* weights, const mlxs_array logits, int k, int mode, int from_top,
                    int normalize, float scale);
+/* x (M, K) or (1, M, K) @ dequantize(w)ᵀ for 8-256 rows on the tensor cores as one CUDA kernel (mma.cpp) where the
+   default device is a CUDA GPU of sm_80 or later and the product suits it (affine 4-bit, group 32/64/128, K a
+   multiple of 64, 16-bit floats), else MLX's quantized_matmul (transposed). */
+int mlxs_qmm_mma(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                 const mlxs_array biases, int group_size, int bits, const char* mode);
 /* 1 where mlxs_qmm_rows runs its kernel for products that suit it (the default device is a CUDA GPU and
    NVRTC is loaded), else 0. */
 int mlxs_qmm_rows_available(void);

@@ -217,6 +217,16 @@ extern "C" {
         kernel: c_int,
     ) -> c_int;
     pub fn mlxs_mask_tokens(out: *mut mlxs_array, logits: mlxs_array, words: *const u32, n_words: usize) -> c_int;
+    pub fn mlxs_qmm_mma(
+        out: *mut mlxs_array,
+        x: mlxs_array,
+        w: mlxs_array,
+        scales: mlxs_array,
+        biases: mlxs_array,
+        group_size: c_int,
+        bits: c_int,
+        mode: *const c_char,
+    ) -> c_int;
     pub fn mlxs_moe_route(
         inds: *mut mlxs_array,
         weights: *mut mlxs_array,

@@ -295,6 +295,13 @@ pub fn qmm_rows(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>
     make(|o| unsafe { ffi::mlxs_qmm_rows(o, x.raw(), w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr()) })
 }
 
+/// x @ dequantize(w)ᵀ for 8-256 rows on the tensor cores, as one CUDA kernel where it applies (else
+/// MLX's quantized_matmul, transposed).
+pub fn qmm_mma(x: &Handle, w: &Handle, scales: &Handle, biases: Option<&Handle>, group_size: i32, bits: i32, mode: &str) -> Result<Handle> {
+    let mode = cstring(mode)?;
+    make(|o| unsafe { ffi::mlxs_qmm_mma(o, x.raw(), w.raw(), scales.raw(), opt(biases), group_size, bits, mode.as_ptr()) })
+}
+
 /// The gathered product of a few tokens, as one CUDA kernel where it applies (else MLX's
 /// gather_qmm): x (T or T * k, K), stacked w (E, N, ...), indices (T, k) -> (T, k, N).
 #[allow(clippy::too_many_arguments)]

@@ -100,6 +100,18 @@ pub fn qmm_rows(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q:
         .map(Array::from_handle)
 }
 
+/// `x @ dequantize(w)ᵀ` for x (M, K) or (1, M, K) of 8-256 rows: on a CUDA GPU (sm_80 and later), for
+/// bfloat16 or float16 x and affine 4-bit weights in groups of 32, 64 or 128 with K a multiple of 64,
+/// one kernel of ours on the tensor cores that reads each weight once for all rows (MLX's tiled
+/// product of 8-64 rows reads a 4-bit weight at about 100 GB/s on an H100); the weight dequantized to
+/// x's type, float32 sums in another order than MLX's. Anything else is
+/// [`crate::ops::quantized_matmul`] with the transpose.
+#[track_caller]
+pub fn qmm_mma(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, q: crate::ops::QuantSpec) -> Result<Array> {
+    ctx("qmm_mma", sys::qmm_mma(x.handle(), w.handle(), scales.handle(), biases.map(Array::handle), q.group_size, q.bits, q.mode.name()))
+        .map(Array::from_handle)
+}
+
 /// mlx-lm's `SwitchLinear` for a few tokens: (T, k, N) where slot (t, j) is x's row for it times
 /// `dequantize(w[indices[t, j]])ᵀ`; x (T, K) (a token's row for each of its k experts) or
 /// (T * k, K) (a row a slot), w the experts stacked (E, N, K packed), indices (T, k) uint32. On a

@@ -175,6 +175,15 @@ impl Quantized {
         (1..=7).contains(&super::rows(x)) && self.matrix_elements() >= min_elements
     }
 
+    /// Whether x's 8-256 rows take [`mlx::fast::qmm_mma`]'s tensor-core kernel: `MLX_GEN_QMM_MMA=1` on a
+    /// CUDA GPU (off by default until measured), affine 4-bit weights; a batch step's or a
+    /// verification's products, where MLX's tiled product reads a weight at about 100 GB/s (H100).
+    fn mma_rows_pays(&self, x: &mlx::Array) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_MMA").is_ok_and(|v| v == "1") && mlx::fast::qmm_rows_available());
+        on && (8..=256).contains(&super::rows(x)) && self.spec.mode == QuantMode::Affine && self.spec.bits == 4
+    }
+
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
     /// dequantized to x's type and multiplied by the device's dense product (cuBLAS): on a CUDA
     /// GPU, a prompt's chunk of 1,024+ rows whose rows x weight elements reach 4e9. Timed on an H100
@@ -264,19 +273,28 @@ impl Quantized {
             let w = mlx::ops::dequantize(&self.weight, &self.scales, self.biases.as_ref(), self.spec)?; // (out, in)
             return Ok(x.matmul(&w.t()?)?); // (..., out)
         }
-        let few = self.few_rows_pays(x) && !crate::nn::sdpa::mlx_kernels_only();
+        let ours_only = !crate::nn::sdpa::mlx_kernels_only();
+        let few = self.few_rows_pays(x) && ours_only;
+        let mma = !few && ours_only && self.mma_rows_pays(x);
         // A single sequence's (1, L, in) needs no reshape (two primitives a product, 20 a layer of
-        // Qwen3.5-35B-A3B's decode step): MLX's product and the few-row kernel take it as it is.
+        // Qwen3.5-35B-A3B's decode step): MLX's product and our kernels take it as it is.
         let one_matrix = x.ndim() <= 2 || (x.ndim() == 3 && x.dim(0) == 1);
-        if one_matrix && !few {
-            return self.matmul(x, true);
-        }
-        if one_matrix && x.ndim() >= 2 {
-            return Ok(mlx::fast::qmm_rows(x, &self.weight, &self.scales, self.biases.as_ref(), self.spec)?); // (..., out)
+        let product = |x: &mlx::Array| -> Result<mlx::Array> {
+            let (w, s, b, q) = (&self.weight, &self.scales, self.biases.as_ref(), self.spec);
+            Ok(if few {
+                mlx::fast::qmm_rows(x, w, s, b, q)?
+            } else if mma {
+                mlx::fast::qmm_mma(x, w, s, b, q)?
+            } else {
+                self.matmul(x, true)?
+            })
+        };
+        if one_matrix && ((!few && !mma) || x.ndim() >= 2) {
+            return product(x); // (..., out)
         }
         let mut shape = x.shape();
         let x2 = x.reshape(&[-1, x.dim(-1)])?; // (rows, in)
-        let y = if few { mlx::fast::qmm_rows(&x2, &self.weight, &self.scales, self.biases.as_ref(), self.spec)? } else { self.matmul(&x2, true)? }; // (rows, out)
+        let y = product(&x2)?; // (rows, out)
         *shape.last_mut().expect("x has an axis") = y.dim(-1);
         Ok(y.reshape(&shape)?) // (..., out)
     }
