@@ -150,6 +150,17 @@ std::vector<uint64_t> elf_function_values(const std::string& path, const std::ve
 // anchor's own address back.
 void* local_function(void* anchor, const char* anchor_name, const char* name);
 
+// The C ABI of a quantized product x @ dequantize(w)ᵀ by a kernel of ours (qmm.cpp, mma.cpp): `launch(x, w,
+// scales, biases)` where `suits(x, w, scales, biases or null, mode)` takes the product, else MLX's
+// quantized_matmul (transposed).
+using QuantSuits = std::function<bool(const mx::array&, const mx::array&, const mx::array&, const mx::array*,
+                                      const std::string&)>;
+using QuantLaunch =
+    std::function<mx::array(const mx::array&, const mx::array&, const mx::array&, const mx::array&)>;
+int quantized_product(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                      const mlxs_array biases, int group_size, int bits, const char* mode, const QuantSuits& suits,
+                      const QuantLaunch& launch);
+
 // The kernel of variant `key` (a C identifier), its source written by `source` on first use; never
 // destroyed.
 JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source);

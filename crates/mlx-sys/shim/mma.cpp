@@ -26,11 +26,6 @@
 
 namespace {
 
-using shim::arr;
-using shim::guard;
-using shim::opt;
-using shim::wrap;
-
 // Constants: T (bf16_t or f16_t), GS (group size: 32, 64 or 128), NT (8-row tiles of x a block: 1, 2 or
 // 4), WARPS. x (M, K) or (1, M, K) with strides ldx (rows) and xcs (values), w (N, K / 8) words, scales and
 // biases (N, K / GS), out (M, N); blockIdx.x: 32 columns, blockIdx.y: 8 * NT rows.
@@ -260,23 +255,17 @@ std::vector<std::pair<std::string, std::string>> shim::qmm_mma_sources() {
 
 int mlxs_qmm_mma(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
                  const mlxs_array biases, int group_size, int bits, const char* mode) {
-  return guard([&] {
-    const auto &xa = arr(x), &wa = arr(w), &sa = arr(scales);
-    const mx::array* ba = biases == nullptr ? nullptr : &arr(biases);
-    const std::string md = mode == nullptr ? "affine" : mode;
-    if (!suits(xa, wa, sa, ba, group_size, bits, md)) {
-      *out = wrap(mx::quantized_matmul(xa, wa, sa, opt(biases), true, group_size, bits, md));
-      return;
-    }
+  auto fits = [&](const mx::array& xa, const mx::array& wa, const mx::array& sa, const mx::array* ba,
+                  const std::string& md) { return suits(xa, wa, sa, ba, group_size, bits, md); };
+  auto run = [&](const mx::array& xa, const mx::array& wa, const mx::array& sa, const mx::array& ba) {
     const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0), nd = xa.ndim();
     const int nt = tiles(m);
     const char* t = shim::jit_type(xa.dtype());
     auto& kern = shim::jit_kernel(key(t, group_size, nt, nd), [&] { return source(t, group_size, nt, nd); });
     mx::Shape shape = xa.shape();
     shape.back() = n;
-    auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
-                            {unsigned((n + 31) / 32), unsigned((m + 8 * nt - 1) / (8 * nt)), 1},
-                            {kWarps * 32, 1, 1});
-    *out = wrap(outs[0]);
-  });
+    return kern.launch({xa, wa, sa, ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
+                       {unsigned((n + 31) / 32), unsigned((m + 8 * nt - 1) / (8 * nt)), 1}, {kWarps * 32, 1, 1})[0];
+  };
+  return shim::quantized_product(out, x, w, scales, biases, group_size, bits, mode, fits, run);
 }

@@ -339,26 +339,33 @@ std::vector<std::pair<std::string, std::string>> shim::qmm_sources() {
   return out;
 }
 
-int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
-                  const mlxs_array biases, int group_size, int bits, const char* mode) {
+int shim::quantized_product(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                            const mlxs_array biases, int group_size, int bits, const char* mode,
+                            const QuantSuits& suits, const QuantLaunch& launch) {
   return guard([&] {
     const auto &xa = arr(x), &wa = arr(w), &sa = arr(scales);
     const mx::array* ba = biases == nullptr ? nullptr : &arr(biases);
     const std::string md = mode == nullptr ? "affine" : mode;
-    if (!suits(xa, wa, sa, ba, group_size, bits, md)) {
-      *out = wrap(mx::quantized_matmul(xa, wa, sa, opt(biases), true, group_size, bits, md));
-      return;
-    }
+    *out = wrap(suits(xa, wa, sa, ba, md) ? launch(xa, wa, sa, *ba)
+                                          : mx::quantized_matmul(xa, wa, sa, opt(biases), true, group_size, bits, md));
+  });
+}
+
+int mlxs_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,
+                  const mlxs_array biases, int group_size, int bits, const char* mode) {
+  auto fits = [&](const mx::array& xa, const mx::array& wa, const mx::array& sa, const mx::array* ba,
+                  const std::string& md) { return suits(xa, wa, sa, ba, group_size, bits, md); };
+  auto run = [&](const mx::array& xa, const mx::array& wa, const mx::array& sa, const mx::array& ba) {
     const bool three = xa.ndim() == 3;
     const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0);
     const int mmax = m == 1 ? 1 : m == 2 ? 2 : m <= 4 ? 4 : 8;
     const int r = cols(), blocks = (n + r - 1) / r;
     auto& kern = kernel(three ? kRows3 : kRows, xa.dtype(), bits, group_size, mmax, r);
     const mx::Shape shape = three ? mx::Shape{1, m, n} : mx::Shape{m, n};
-    auto outs = kern.launch({xa, wa, sa, *ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
-                            {unsigned(blocks), 1, 1}, {kThreads, 1, 1});
-    *out = wrap(outs[0]);
-  });
+    return kern.launch({xa, wa, sa, ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
+                       {unsigned(blocks), 1, 1}, {kThreads, 1, 1})[0];
+  };
+  return shim::quantized_product(out, x, w, scales, biases, group_size, bits, mode, fits, run);
 }
 
 int mlxs_gather_qmm_rows(mlxs_array* out, const mlxs_array x, const mlxs_array w, const mlxs_array scales,

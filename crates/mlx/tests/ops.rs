@@ -109,6 +109,22 @@ fn qmm_rows_is_the_transposed_quantized_product_where_its_kernel_does_not_run() 
 }
 
 #[test]
+fn qmm_mma_is_the_transposed_quantized_product_where_its_kernel_does_not_run() {
+    // 9 rows (the tensor-core kernel's range) of x (9, 128) and (1, 9, 128) @ dequantize(w)ᵀ, w (3, 128) in 4 bits.
+    let q = ops::QuantSpec::affine(64, 4);
+    let w = Array::from_slice(&(0..384).map(|i| ((i * 7) % 16) as f32 - 7.5).collect::<Vec<_>>(), &[3, 128]).unwrap();
+    let (qw, s, b) = ops::quantize(&w, q).unwrap();
+    let x = Array::from_slice(&(0..1152).map(|i| ((i % 13) as f32 - 6.0) / 8.0).collect::<Vec<_>>(), &[9, 128]).unwrap();
+    let want = ops::quantized_matmul(&x, &qw, &s, b.as_ref(), true, q).unwrap();
+    let got = fast::qmm_mma(&x, &qw, &s, b.as_ref(), q).unwrap();
+    assert_eq!(got.shape(), vec![9, 3]);
+    assert_eq!(got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+    let got3 = fast::qmm_mma(&x.reshape(&[1, 9, 128]).unwrap(), &qw, &s, b.as_ref(), q).unwrap();
+    assert_eq!(got3.shape(), vec![1, 9, 3]);
+    assert_eq!(got3.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+}
+
+#[test]
 fn gather_qmm_rows_multiplies_each_slot_by_its_expert() {
     // 3 experts of (4, 64) in 4 bits; 2 tokens choosing experts [2, 0] and [1, 2]. Slot (t, j) is
     // x's row for it times expert indices[t][j]'s dequantized weight, transposed: x with a row a
