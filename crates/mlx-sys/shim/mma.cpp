@@ -41,16 +41,12 @@ const char* kBody = R"(
   const int KG = K / GS;
   const bool w_vec = (reinterpret_cast<unsigned long long>(w) % 8) == 0;
   const bool x_vec = (reinterpret_cast<unsigned long long>(x) % 16) == 0 && ldx % 8 == 0 && xcs == 1;
-  float acc[MT][NT][4];
+  // The mma's four sums for weight tile mt and x tile nt at (mt * NT + nt) * 4.
+  constexpr int ACC = MT * NT * 4;
+  float acc[ACC];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        acc[mt][nt][i] = 0.0f;
-      }
-    }
+  for (int i = 0; i < ACC; ++i) {
+    acc[i] = 0.0f;
   }
   const int chunks = K / 64;
   for (int c = warp; c < chunks; c += WARPS) {
@@ -135,45 +131,34 @@ const char* kBody = R"(
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           // B: {slots 2t, 2t+1} and {2t+8, 2t+9} of column g: the thread's values 4s, 4s+1 and 4s+2, 4s+3.
-          mma16816(acc[mt][nt], a0, a1, a2, a3, xv[nt][2 * s], xv[nt][2 * s + 1]);
+          mma16816(acc + (mt * NT + nt) * 4, a0, a1, a2, a3, xv[nt][2 * s], xv[nt][2 * s + 1]);
         }
       }
     }
   }
-  // The warps' parts summed in shared memory, then written by warp 0: acc[mt][nt] holds columns
-  // mt*16 + g (0, 1) and + 8 (2, 3) for rows nt*8 + 2t (0, 2) and + 1 (1, 3).
-  __shared__ float part[WARPS - 1][MT * NT * 4][32];
+  // The warps' parts summed in shared memory, then written by warp 0: the four sums of tiles (mt, nt)
+  // are columns mt*16 + g (0, 1) and + 8 (2, 3) of rows nt*8 + 2t (0, 2) and + 1 (1, 3).
+  __shared__ float part[WARPS - 1][ACC][32];
   if (warp > 0) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          part[warp - 1][(mt * NT + nt) * 4 + i][lane] = acc[mt][nt][i];
-        }
-      }
+    for (int i = 0; i < ACC; ++i) {
+      part[warp - 1][i][lane] = acc[i];
     }
   }
   __syncthreads();
   if (warp == 0) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int i = 0; i < ACC; ++i) {
+      float v = acc[i];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float v = acc[mt][nt][i];
-#pragma unroll
-          for (int o = 0; o < WARPS - 1; ++o) {
-            v += part[o][(mt * NT + nt) * 4 + i][lane];
-          }
-          const int r = r_base + nt * 8 + 2 * t + (i & 1);
-          const int n = n_base + mt * 16 + g + 8 * (i >> 1);
-          if (r < M && n < N) {
-            out[(long long)r * N + n] = from_f<T>(v);
-          }
-        }
+      for (int o = 0; o < WARPS - 1; ++o) {
+        v += part[o][i][lane];
+      }
+      const int mt = i / (NT * 4), nt = (i / 4) % NT, j = i % 4;
+      const int r = r_base + nt * 8 + 2 * t + (j & 1);
+      const int n = n_base + mt * 16 + g + 8 * (j >> 1);
+      if (r < M && n < N) {
+        out[(long long)r * N + n] = from_f<T>(v);
       }
     }
   }
