@@ -27,18 +27,8 @@ fn main() {
     for var in ["MLX_DIR", "MLX_GEN_BACKEND", "MLX_GEN_BLAS", "MLX_GEN_CACHE", "XDG_CACHE_HOME", "HOME"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    println!("cargo:rerun-if-changed=shim/shim.cpp");
-    println!("cargo:rerun-if-changed=shim/shim.h");
-    println!("cargo:rerun-if-changed=shim/distributed.cpp");
-    println!("cargo:rerun-if-changed=shim/recurrent.cpp");
-    println!("cargo:rerun-if-changed=shim/norm.cpp");
-    println!("cargo:rerun-if-changed=shim/qmm.cpp");
-    println!("cargo:rerun-if-changed=shim/attention.cpp");
-    println!("cargo:rerun-if-changed=shim/mask.cpp");
-    println!("cargo:rerun-if-changed=shim/route.cpp");
-    println!("cargo:rerun-if-changed=shim/mma.cpp");
-    println!("cargo:rerun-if-changed=shim/elf.cpp");
-    println!("cargo:rerun-if-changed=shim/internal.h");
+    // The whole folder: any of its sources or headers (a list here had missed jit.cpp).
+    println!("cargo:rerun-if-changed=shim");
 
     let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
     let backend = env::var("MLX_GEN_BACKEND").unwrap_or_else(|_| if macos { "metal" } else { "cpu" }.into());

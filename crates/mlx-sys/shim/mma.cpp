@@ -48,14 +48,17 @@ const char* kBody = R"(
   for (int i = 0; i < ACC; ++i) {
     acc[i] = 0.0f;
   }
-  const int chunks = K / 64;
-  for (int c = warp; c < chunks; c += WARPS) {
-    const int kt = c * 64 + t * 16;
-    const int grp = kt / GS;
-    // This thread's weight rows: n_base + mt * 16 + g + 8 * h, 16 values each (two words).
+  // A chunk's operands: this thread's weight rows n_base + mt * 16 + g + 8 * h (16 values each: two words,
+  // their group's scale and bias) and x rows r_base + nt * 8 + g (the same 16 values: 8 words of two).
+  struct Chunk {
     u32 wv[MT][2][2];
     float sc[MT][2];
     float bi[MT][2];
+    u32 xv[NT][8];
+  };
+  auto load = [&](int c, Chunk& ch) {
+    const int kt = c * 64 + t * 16;
+    const int grp = kt / GS;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -65,24 +68,22 @@ const char* kBody = R"(
           const u32* wr = w + (long long)n * KW + kt / 8;
           if (w_vec) {
             const uint2 p = *reinterpret_cast<const uint2*>(wr);
-            wv[mt][h][0] = p.x;
-            wv[mt][h][1] = p.y;
+            ch.wv[mt][h][0] = p.x;
+            ch.wv[mt][h][1] = p.y;
           } else {
-            wv[mt][h][0] = wr[0];
-            wv[mt][h][1] = wr[1];
+            ch.wv[mt][h][0] = wr[0];
+            ch.wv[mt][h][1] = wr[1];
           }
-          sc[mt][h] = to_f(scales[(long long)n * KG + grp]);
-          bi[mt][h] = to_f(biases[(long long)n * KG + grp]);
+          ch.sc[mt][h] = to_f(scales[(long long)n * KG + grp]);
+          ch.bi[mt][h] = to_f(biases[(long long)n * KG + grp]);
         } else {
-          wv[mt][h][0] = 0u;
-          wv[mt][h][1] = 0u;
-          sc[mt][h] = 0.0f;
-          bi[mt][h] = 0.0f;
+          ch.wv[mt][h][0] = 0u;
+          ch.wv[mt][h][1] = 0u;
+          ch.sc[mt][h] = 0.0f;
+          ch.bi[mt][h] = 0.0f;
         }
       }
     }
-    // This thread's x rows: r_base + nt * 8 + g, the same 16 values (8 words of two values).
-    u32 xv[NT][8];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int r = r_base + nt * 8 + g;
@@ -91,23 +92,25 @@ const char* kBody = R"(
         if (x_vec) {
           const uint4 p0 = *reinterpret_cast<const uint4*>(xr);
           const uint4 p1 = *reinterpret_cast<const uint4*>(xr + 8);
-          xv[nt][0] = p0.x; xv[nt][1] = p0.y; xv[nt][2] = p0.z; xv[nt][3] = p0.w;
-          xv[nt][4] = p1.x; xv[nt][5] = p1.y; xv[nt][6] = p1.z; xv[nt][7] = p1.w;
+          ch.xv[nt][0] = p0.x; ch.xv[nt][1] = p0.y; ch.xv[nt][2] = p0.z; ch.xv[nt][3] = p0.w;
+          ch.xv[nt][4] = p1.x; ch.xv[nt][5] = p1.y; ch.xv[nt][6] = p1.z; ch.xv[nt][7] = p1.w;
         } else {
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const u16 lo = reinterpret_cast<const u16*>(xr + (long long)(2 * i) * xcs)[0];
             const u16 hi = reinterpret_cast<const u16*>(xr + (long long)(2 * i + 1) * xcs)[0];
-            xv[nt][i] = static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
+            ch.xv[nt][i] = static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);
           }
         }
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          xv[nt][i] = 0u;
+          ch.xv[nt][i] = 0u;
         }
       }
     }
+  };
+  auto compute = [&](const Chunk& ch) {
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
 #pragma unroll
@@ -116,11 +119,11 @@ const char* kBody = R"(
         float d[2][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const u32 word = wv[mt][h][s >> 1];
+          const u32 word = ch.wv[mt][h][s >> 1];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const u32 q = (word >> (4 * ((s & 1) * 4 + j))) & 15u;
-            d[h][j] = sc[mt][h] * static_cast<float>(q) + bi[mt][h];
+            d[h][j] = ch.sc[mt][h] * static_cast<float>(q) + ch.bi[mt][h];
           }
         }
         // A: {row g, slots 2t, 2t+1}, {row g+8, same}, {row g, slots 2t+8, 2t+9}, {row g+8, same}.
@@ -131,9 +134,26 @@ const char* kBody = R"(
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           // B: {slots 2t, 2t+1} and {2t+8, 2t+9} of column g: the thread's values 4s, 4s+1 and 4s+2, 4s+3.
-          mma16816(acc + (mt * NT + nt) * 4, a0, a1, a2, a3, xv[nt][2 * s], xv[nt][2 * s + 1]);
+          mma16816(acc + (mt * NT + nt) * 4, a0, a1, a2, a3, ch.xv[nt][2 * s], ch.xv[nt][2 * s + 1]);
         }
       }
+    }
+  };
+  // Every WARPS-th chunk of 64 values of K, the next one's loads issued before this one's products.
+  const int chunks = K / 64;
+  Chunk cur;
+  if (warp < chunks) {
+    load(warp, cur);
+  }
+  for (int c = warp; c < chunks; c += WARPS) {
+    Chunk next;
+    const bool more = c + WARPS < chunks;
+    if (more) {
+      load(c + WARPS, next);
+    }
+    compute(cur);
+    if (more) {
+      cur = next;
     }
   }
   // The warps' parts summed in shared memory, then written by warp 0: the four sums of tiles (mt, nt)
