@@ -7,7 +7,7 @@
 use super::stack::{Arch, Block, FeedForward, Part, Stack, StackDims};
 use crate::cache::{CacheMask, ChunkedCache, GrowingCache, KvCache, RotatingCache};
 use crate::error::{EngineError, Result};
-use crate::nn::{Attention, AttentionSpec, Linear, PlainQkNorm, QuantConfig, Rope};
+use crate::nn::{Attention, AttentionSpec, GateUp, Linear, PlainQkNorm, QuantConfig, Rope};
 use crate::shard::ShardMode;
 use checkpoint::{Vb, Weights};
 use mlx::distributed::Group;
@@ -94,15 +94,8 @@ pub struct Variant {
 }
 
 #[derive(Clone)]
-enum GateUp {
-    Separate { gate: Linear, up: Linear },
-    /// Rows: gate, then up (see `nn::set_fused_projections`).
-    Fused(Linear, i32),
-}
-
-#[derive(Clone)]
 pub(crate) struct Mlp {
-    gate_up: GateUp,
+    gate_up: GateUp<Linear>,
     down_proj: Linear,
 }
 
@@ -110,50 +103,28 @@ impl Mlp {
     pub(crate) fn load(vb: &Vb<'_>, d: i32, ff: i32, bias: bool, q: &QuantConfig) -> Result<Mlp> {
         let gate = Linear::load(&vb.pp("gate_proj"), d, ff, bias, q)?;
         let up = Linear::load(&vb.pp("up_proj"), d, ff, bias, q)?;
-        let fused = if crate::nn::fused_projections() { Linear::fuse(&[&gate, &up])? } else { None };
         Ok(Mlp {
-            gate_up: match fused {
-                Some(f) => GateUp::Fused(f, ff),
-                None => GateUp::Separate { gate, up },
-            },
+            gate_up: GateUp::new(gate, up, ff)?,
             down_proj: Linear::load(&vb.pp("down_proj"), ff, d, bias, q)?,
         })
     }
 
     /// gate/up keep this rank's block of the hidden units, down the matching columns.
     fn shard(&self, group: &Group) -> Result<Mlp> {
-        let gate_up = match &self.gate_up {
-            GateUp::Separate { gate, up } => GateUp::Separate {
-                gate: gate.shard(ShardMode::AllToSharded, &[gate.out_dims()], group)?,
-                up: up.shard(ShardMode::AllToSharded, &[up.out_dims()], group)?,
-            },
-            GateUp::Fused(f, ff) => GateUp::Fused(
-                f.shard(ShardMode::AllToSharded, &[*ff, *ff], group)?,
-                crate::shard::check_divides("the MLP hidden size", *ff, group.size())?,
-            ),
-        };
+        let gate_up = self.gate_up.shard(group, "the MLP hidden size")?;
         Ok(Mlp { gate_up, down_proj: self.down_proj.shard(ShardMode::ShardedToAll, &[], group)? })
     }
 
     fn arrays(&self) -> Vec<&Array> {
-        let mut v = match &self.gate_up {
-            GateUp::Separate { gate, up } => [gate.arrays(), up.arrays()].concat(),
-            GateUp::Fused(f, _) => f.arrays(),
-        };
+        let mut v = self.gate_up.arrays();
         v.extend(self.down_proj.arrays());
         v
     }
 
     /// down(silu(gate(x)) * up(x))
     fn forward(&self, x: &Array) -> Result<Array> {
-        let h = match &self.gate_up {
-            GateUp::Separate { gate, up } => mlx::fast::swiglu(&gate.forward(x)?, &up.forward(x)?)?,
-            GateUp::Fused(f, ff) => {
-                let y = f.forward(x)?; // (B, L, 2 ff)
-                mlx::fast::swiglu(&y.slice_axis(-1, 0, *ff)?, &y.slice_axis(-1, *ff, 2 * ff)?)?
-            }
-        };
-        self.down_proj.forward(&h)
+        let (up, gate) = self.gate_up.up_gate(|p| p.forward(x))?; // (B, L, ff) each
+        self.down_proj.forward(&mlx::fast::swiglu(&gate, &up)?)
     }
 }
 

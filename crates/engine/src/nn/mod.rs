@@ -3,6 +3,7 @@
 //! `mlx.nn` / mlx-lm counterpart operation for operation, so that results are bit-identical.
 mod attention;
 mod embedding;
+mod gate_up;
 pub mod gated_delta;
 mod linear;
 pub mod mla;
@@ -14,6 +15,7 @@ pub mod sdpa;
 mod switch;
 
 pub use attention::{Attention, AttentionSpec, PlainQkNorm};
+pub(crate) use gate_up::GateUp;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

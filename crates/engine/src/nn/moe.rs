@@ -192,30 +192,29 @@ impl Routing {
     /// ([`mlx::fast::moe_route`]) where the device has it: one kernel a layer instead of three to
     /// six, rounding as MLX's do.
     pub fn choose(&self, gates: &Array, bias: Option<&Array>, kernel: bool) -> Result<(Array, Array)> {
-        let r = self;
-        let plain = bias.is_none() && !r.float32 && r.groups.is_none() && r.normalize_eps.is_none();
-        let suits = plain && r.scoring == Scoring::Softmax && !(r.score_after_select && (r.normalize || r.scaling.is_some()));
+        let plain = bias.is_none() && !self.float32 && self.groups.is_none() && self.normalize_eps.is_none();
+        let suits = plain && self.scoring == Scoring::Softmax && !(self.score_after_select && (self.normalize || self.scaling.is_some()));
         if kernel && suits {
-            let scale = r.scaling.unwrap_or(1.0) as f32;
-            if let Some(chosen) = mlx::fast::moe_route(gates, r.top_k, r.score_after_select, r.select_from_top, r.normalize, scale)? {
+            let scale = self.scaling.unwrap_or(1.0) as f32;
+            if let Some(chosen) = mlx::fast::moe_route(gates, self.top_k, self.score_after_select, self.select_from_top, self.normalize, scale)? {
                 return Ok(chosen);
             }
         }
-        let gates = if r.float32 { gates.astype(Dtype::F32)? } else { gates.clone() };
-        if r.score_after_select {
-            let inds = r.select(&gates)?;
+        let gates = if self.float32 { gates.astype(Dtype::F32)? } else { gates.clone() };
+        if self.score_after_select {
+            let inds = self.select(&gates)?;
             let scores = gates.take_along_axis(&inds, -1)?.softmax(&[-1], true)?;
             return Ok((inds, scores));
         }
-        let scores = match r.scoring {
-            Scoring::Softmax => gates.softmax(&[-1], !r.float32)?,
+        let scores = match self.scoring {
+            Scoring::Softmax => gates.softmax(&[-1], !self.float32)?,
             Scoring::Sigmoid => gates.sigmoid()?,
         };
         let mut choice = match bias {
             Some(b) => scores.add(b)?,
             None => scores.clone(),
         };
-        if let Some((n_group, topk_group, rating)) = r.groups {
+        if let Some((n_group, topk_group, rating)) = self.groups {
             let mut shape = choice.shape();
             shape.pop();
             choice = choice.reshape(&[shape.clone(), vec![n_group, -1]].concat())?; // (B, L, groups, per group)
@@ -230,17 +229,17 @@ impl Routing {
             }
             choice = choice.reshape(&[shape, vec![-1]].concat())?;
         }
-        let inds = r.select(&choice)?;
+        let inds = self.select(&choice)?;
         let mut scores = scores.take_along_axis(&inds, -1)?;
-        if r.normalize {
+        if self.normalize {
             let sum = scores.sum(&[-1], true)?;
-            let sum = match r.normalize_eps {
+            let sum = match self.normalize_eps {
                 Some(eps) => sum.add_scalar(eps)?,
                 None => sum,
             };
             scores = scores.div(&sum)?;
         }
-        if let Some(f) = r.scaling {
+        if let Some(f) = self.scaling {
             scores = scores.mul_scalar(f)?;
         }
         Ok((inds, scores))

@@ -2,6 +2,8 @@
 //! into one tensor, run through MLX's gathered (quantized) matmul so only the chosen experts'
 //! weights are read) and `SwitchGLU`, with the few-token kernel path and the grouped prompt path;
 //! and the `sanitize` stacking of per-expert checkpoint tensors into that layout.
+use super::gate_up::{GateUp, Projection};
+use super::linear::Weight;
 use super::quant::{QuantConfig, Quantized};
 use crate::error::{EngineError, Result};
 use crate::shard::{self, ShardMode};
@@ -40,21 +42,16 @@ pub fn stack_experts_as(weights: &mut Weights, prefix: &str, n_experts: i32, nam
     Ok(())
 }
 
+/// `SwitchLinear` / `QuantizedSwitchLinear` without bias: one (out, in) matrix per expert, the
+/// weight (experts, out, in).
 #[derive(Clone)]
-enum SwitchKind {
-    Float(Array), // (experts, out, in)
-    Quant(Quantized),
-}
-
-/// `SwitchLinear` / `QuantizedSwitchLinear` without bias: one (out, in) matrix per expert.
-#[derive(Clone)]
-pub struct SwitchLinear(SwitchKind);
+pub struct SwitchLinear(Weight);
 
 impl SwitchLinear {
     pub fn load(vb: &Vb<'_>, in_dims: i32, out_dims: i32, experts: i32, q: &QuantConfig) -> Result<SwitchLinear> {
         Ok(SwitchLinear(match q.layer(vb, in_dims)? {
-            Some(spec) => SwitchKind::Quant(Quantized::load_stacked(vb, &[experts], out_dims, in_dims, spec)?),
-            None => SwitchKind::Float(vb.get("weight", &[experts, out_dims, in_dims])?),
+            Some(spec) => Weight::Quant(Quantized::load_stacked(vb, &[experts], out_dims, in_dims, spec)?),
+            None => Weight::Float(vb.get("weight", &[experts, out_dims, in_dims])?),
         }))
     }
 
@@ -63,45 +60,16 @@ impl SwitchLinear {
     /// group size); evaluated at once so the separate weights can be freed. Each output element is
     /// the same dot product as before (as [`super::Linear::fuse`]).
     fn fuse(parts: &[&SwitchLinear]) -> Result<Option<SwitchLinear>> {
-        let kind = match parts.iter().map(|p| &p.0).collect::<Vec<_>>().as_slice() {
-            [SwitchKind::Float(_), ..] => {
-                let ws: Vec<&Array> = parts
-                    .iter()
-                    .filter_map(|p| match &p.0 {
-                        SwitchKind::Float(w) => Some(w),
-                        SwitchKind::Quant(_) => None,
-                    })
-                    .collect();
-                if ws.len() != parts.len() {
-                    return Ok(None);
-                }
-                SwitchKind::Float(ops::concatenate(&ws, -2)?)
-            }
-            [SwitchKind::Quant(first), ..] => {
-                let qs: Vec<&Quantized> = parts
-                    .iter()
-                    .filter_map(|p| match &p.0 {
-                        SwitchKind::Quant(q) if q.spec == first.spec => Some(q),
-                        _ => None,
-                    })
-                    .collect();
-                if qs.len() != parts.len() {
-                    return Ok(None);
-                }
-                SwitchKind::Quant(Quantized::concat(&qs, first.spec)?)
-            }
-            _ => return Ok(None),
+        let Some(w) = Weight::concat(&parts.iter().map(|p| &p.0).collect::<Vec<_>>())? else {
+            return Ok(None);
         };
-        let fused = SwitchLinear(kind);
+        let fused = SwitchLinear(w);
         mlx::eval(&fused.arrays())?;
         Ok(Some(fused))
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
-        match &self.0 {
-            SwitchKind::Float(w) => vec![w],
-            SwitchKind::Quant(q) => q.arrays(),
-        }
+        self.0.arrays()
     }
 
     /// x (n, in) through expert `e` alone -> (n, out): a plain (quantized) product over that
@@ -109,24 +77,24 @@ impl SwitchLinear {
     fn forward_expert(&self, x: &Array, e: i32) -> Result<Array> {
         let one = |a: &Array| -> Result<Array> { Ok(a.slice_axis(0, e, e + 1)?.squeeze(&[0])?) };
         match &self.0 {
-            SwitchKind::Float(w) => Ok(x.matmul(&one(w)?.t()?)?),
-            SwitchKind::Quant(q) => q.map(one)?.matmul_t(x),
+            Weight::Float(w) => Ok(x.matmul(&one(w)?.t()?)?),
+            Weight::Quant(q) => q.map(one)?.matmul_t(x),
         }
     }
 
     /// The number of experts stacked.
     fn experts(&self) -> i32 {
         match &self.0 {
-            SwitchKind::Float(w) => w.dim(0),
-            SwitchKind::Quant(q) => q.weight.dim(0),
+            Weight::Float(w) => w.dim(0),
+            Weight::Quant(q) => q.weight.dim(0),
         }
     }
 
     /// The number of outputs of each expert.
     fn out_dims(&self) -> i32 {
         match &self.0 {
-            SwitchKind::Float(w) => w.dim(-2),
-            SwitchKind::Quant(q) => q.weight.dim(-2),
+            Weight::Float(w) => w.dim(-2),
+            Weight::Quant(q) => q.weight.dim(-2),
         }
     }
 
@@ -145,26 +113,20 @@ impl SwitchLinear {
             ShardMode::AllToSharded => shard::rows_at(a, -2, segments, rank, size),
             ShardMode::ShardedToAll => shard::block(a, -1, rank, size),
         };
-        Ok(SwitchLinear(match &self.0 {
-            SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
-            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
-        }))
+        Ok(SwitchLinear(self.0.map(part)?))
     }
 
     /// This rank's block of the experts themselves (axis 0: mlx-lm's `shard_inplace` with the
     /// segments on axis 0), each kept whole.
     pub fn shard_experts(&self, group: &Group) -> Result<SwitchLinear> {
         let part = |a: &Array| shard::block(a, 0, group.rank(), group.size());
-        Ok(SwitchLinear(match &self.0 {
-            SwitchKind::Float(w) => SwitchKind::Float(part(w)?),
-            SwitchKind::Quant(q) => SwitchKind::Quant(q.map(part)?),
-        }))
+        Ok(SwitchLinear(self.0.map(part)?))
     }
 
     /// x (..., 1, in) with expert `indices` -> (..., 1, out).
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         Ok(match &self.0 {
-            SwitchKind::Float(w) => {
+            Weight::Float(w) => {
                 let y = ops::gather_mm(x, &w.swapaxes(-1, -2)?, None, Some(indices), sorted)?;
                 // MLX's CPU kernel fails at evaluation with an internal message otherwise.
                 if y.dtype() != Dtype::F32 && mlx::runtime::default_device() == Device::Cpu {
@@ -177,40 +139,25 @@ impl SwitchLinear {
                 }
                 y
             }
-            SwitchKind::Quant(q) => {
+            Weight::Quant(q) => {
                 ops::gather_qmm(x, &q.weight, &q.scales, q.biases.as_ref(), Some(indices), true, q.spec, sorted)?
             }
         })
     }
 }
 
-/// The experts' gate and up projections: as stored, or stacked into one (see
-/// `nn::set_fused_projections`), whose outputs are the gate's `hidden` units, then the up's.
-#[derive(Clone)]
-enum GateUp<T> {
-    Separate { gate: T, up: T },
-    Fused(T, i32),
-}
-
-impl<T> GateUp<T> {
-    /// (up, gate) for x through `f` (one product of each projection, or one of the fused one split
-    /// at `hidden` on the last axis).
-    fn up_gate(&self, f: impl Fn(&T) -> Result<Array>) -> Result<(Array, Array)> {
-        match self {
-            GateUp::Separate { gate, up } => Ok((f(up)?, f(gate)?)),
-            GateUp::Fused(w, hidden) => {
-                let y = f(w)?; // (..., 2 hidden)
-                Ok((y.slice_axis(-1, *hidden, 2 * hidden)?, y.slice_axis(-1, 0, *hidden)?))
-            }
-        }
+impl Projection for SwitchLinear {
+    fn fuse(parts: &[&Self]) -> Result<Option<Self>> {
+        SwitchLinear::fuse(parts)
     }
-
-    /// The same projections through `f`, or `None` where `f` gives none for one of them.
-    fn try_map<'a, U>(&'a self, f: impl Fn(&'a T) -> Option<U>) -> Option<GateUp<U>> {
-        Some(match self {
-            GateUp::Separate { gate, up } => GateUp::Separate { gate: f(gate)?, up: f(up)? },
-            GateUp::Fused(w, hidden) => GateUp::Fused(f(w)?, *hidden),
-        })
+    fn arrays(&self) -> Vec<&Array> {
+        SwitchLinear::arrays(self)
+    }
+    fn out_dims(&self) -> i32 {
+        SwitchLinear::out_dims(self)
+    }
+    fn shard(&self, mode: ShardMode, segments: &[i32], group: &Group) -> Result<Self> {
+        SwitchLinear::shard(self, mode, segments, group)
     }
 }
 
@@ -227,37 +174,21 @@ impl SwitchGlu {
     pub fn load(vb: &Vb<'_>, dims: i32, hidden: i32, experts: i32, q: &QuantConfig) -> Result<SwitchGlu> {
         let gate = SwitchLinear::load(&vb.pp("gate_proj"), dims, hidden, experts, q)?;
         let up = SwitchLinear::load(&vb.pp("up_proj"), dims, hidden, experts, q)?;
-        let fused = if super::fused_projections() { SwitchLinear::fuse(&[&gate, &up])? } else { None };
         Ok(SwitchGlu {
-            gate_up: match fused {
-                Some(f) => GateUp::Fused(f, hidden),
-                None => GateUp::Separate { gate, up },
-            },
+            gate_up: GateUp::new(gate, up, hidden)?,
             down_proj: SwitchLinear::load(&vb.pp("down_proj"), hidden, dims, experts, q)?,
         })
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
-        let mut v = match &self.gate_up {
-            GateUp::Separate { gate, up } => [gate.arrays(), up.arrays()].concat(),
-            GateUp::Fused(f, _) => f.arrays(),
-        };
+        let mut v = self.gate_up.arrays();
         v.extend(self.down_proj.arrays());
         v
     }
 
     /// This rank's block of every expert's hidden units; the caller sums the outputs over `group`.
     pub fn shard(&self, group: &Group) -> Result<SwitchGlu> {
-        let gate_up = match &self.gate_up {
-            GateUp::Separate { gate, up } => GateUp::Separate {
-                gate: gate.shard(ShardMode::AllToSharded, &[gate.out_dims()], group)?,
-                up: up.shard(ShardMode::AllToSharded, &[up.out_dims()], group)?,
-            },
-            GateUp::Fused(f, hidden) => GateUp::Fused(
-                f.shard(ShardMode::AllToSharded, &[*hidden, *hidden], group)?,
-                shard::check_divides("the experts' hidden size", *hidden, group.size())?,
-            ),
-        };
+        let gate_up = self.gate_up.shard(group, "the experts' hidden size")?;
         Ok(SwitchGlu { gate_up, down_proj: self.down_proj.shard(ShardMode::ShardedToAll, &[], group)? })
     }
 
@@ -369,7 +300,7 @@ impl SwitchGlu {
     fn gathered_experts(&self) -> Option<(GateUp<&Quantized>, &Quantized)> {
         fn kernel(s: &SwitchLinear) -> Option<&Quantized> {
             match &s.0 {
-                SwitchKind::Quant(q) if q.gathered_rows_pay() => Some(q),
+                Weight::Quant(q) if q.gathered_rows_pay() => Some(q),
                 _ => None,
             }
         }
@@ -425,11 +356,11 @@ mod tests {
         let q = mlx::ops::QuantSpec::affine(32, 4);
         let quant = |w: Array| {
             let (weight, scales, biases) = mlx::ops::quantize(&w, q).unwrap();
-            SwitchLinear(SwitchKind::Quant(Quantized { weight, scales, biases, spec: q }))
+            SwitchLinear(Weight::Quant(Quantized { weight, scales, biases, spec: q }))
         };
         let act = |up: &Array, gate: &Array| Ok(mlx::fast::swiglu(gate, up)?);
         for quantized in [false, true] {
-            let make = |out, inp, salt| if quantized { quant(float(out, inp, salt)) } else { SwitchLinear(SwitchKind::Float(float(out, inp, salt))) };
+            let make = |out, inp, salt| if quantized { quant(float(out, inp, salt)) } else { SwitchLinear(Weight::Float(float(out, inp, salt))) };
             let glu = glu(make(32, 64, 1), make(32, 64, 2), make(64, 32, 3));
             let want = glu.forward(&x, &idx).unwrap().to_vec::<f32>().unwrap();
             let got = glu.forward_grouped(&x, &idx, &act).unwrap();
@@ -454,7 +385,7 @@ mod tests {
             Quantized { weight, scales, biases, spec: q }
         };
         let (g, u, d) = (expert(32, 64, 1), expert(32, 64, 2), expert(64, 32, 3));
-        let switch = |q: &Quantized| SwitchLinear(SwitchKind::Quant(q.clone()));
+        let switch = |q: &Quantized| SwitchLinear(Weight::Quant(q.clone()));
         let glu = glu(switch(&g), switch(&u), switch(&d));
         let x = Array::from_slice(&(0..192).map(|i| ((i % 17) as f32 - 8.0) / 16.0).collect::<Vec<_>>(), &[1, 3, 64]).unwrap();
         let idx = Array::from_slice(&[0u32, 3, 2, 1, 3, 2], &[1, 3, 2]).unwrap();
@@ -476,8 +407,8 @@ mod tests {
         let gate = SwitchLinear::load(&vb.pp("gate_proj"), 64, 32, 4, &q).unwrap();
         let up = SwitchLinear::load(&vb.pp("up_proj"), 64, 32, 4, &q).unwrap();
         let float = |s: &SwitchLinear| match &s.0 {
-            SwitchKind::Quant(q) => SwitchLinear(SwitchKind::Float(mlx::ops::dequantize(&q.weight, &q.scales, q.biases.as_ref(), q.spec).unwrap())),
-            SwitchKind::Float(_) => unreachable!("quantized"),
+            Weight::Quant(q) => SwitchLinear(Weight::Float(mlx::ops::dequantize(&q.weight, &q.scales, q.biases.as_ref(), q.spec).unwrap())),
+            Weight::Float(_) => unreachable!("quantized"),
         };
         let bits = |a: &Array| match a.dtype() {
             Dtype::U32 => a.to_vec::<u32>().unwrap(),
@@ -553,8 +484,8 @@ mod tests {
                     // The kernel path's experts, taken whether or not the kernel runs here.
                     fn quant(s: &SwitchLinear) -> Option<&Quantized> {
                         match &s.0 {
-                            SwitchKind::Quant(q) => Some(q),
-                            SwitchKind::Float(_) => None,
+                            Weight::Quant(q) => Some(q),
+                            Weight::Float(_) => None,
                         }
                     }
                     fn parts(g: &SwitchGlu) -> (GateUp<&Quantized>, &Quantized) {
