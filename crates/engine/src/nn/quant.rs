@@ -175,13 +175,24 @@ impl Quantized {
         (1..=7).contains(&super::rows(x)) && self.matrix_elements() >= min_elements
     }
 
-    /// Whether x's 8-256 rows take [`mlx::fast::qmm_mma`]'s tensor-core kernel: `MLX_GEN_QMM_MMA=1` on a
-    /// CUDA GPU (off by default until measured), affine 4-bit weights; a batch step's or a
-    /// verification's products, where MLX's tiled product reads a weight at about 100 GB/s (H100).
+    /// Whether x's rows take [`mlx::fast::qmm_mma`]'s tensor-core kernel: on a CUDA GPU, affine 4-bit
+    /// weights, 8-32 rows by default (a batch step's or a padded verification's products, where MLX's
+    /// tiled product reads a weight at about 100 GB/s). Measured on an H100 (BENCHMARKS.md 2026-12-07e):
+    /// the Llama-3.2-3B shape's batch step 4.55 against 8.37 ms at 8 rows and 7.9 against 13.9 at 32,
+    /// a forward of 8 positions 6.2 against 10.2 ms. `MLX_GEN_QMM_MMA=0` turns it off; `=N` (8-256)
+    /// takes it up to N rows (above 32 rows it is not measured in the engine yet).
     fn mma_rows_pays(&self, x: &mlx::Array) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *ON.get_or_init(|| std::env::var("MLX_GEN_QMM_MMA").is_ok_and(|v| v == "1") && mlx::fast::qmm_rows_available());
-        on && (8..=256).contains(&super::rows(x)) && self.spec.mode == QuantMode::Affine && self.spec.bits == 4
+        static MAX_ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let max = *MAX_ROWS.get_or_init(|| {
+            if !mlx::fast::qmm_rows_available() {
+                return 0;
+            }
+            match std::env::var("MLX_GEN_QMM_MMA").ok().as_deref() {
+                None | Some("1") => MMA_DEFAULT_MAX_ROWS,
+                Some(v) => v.parse::<usize>().map_or(MMA_DEFAULT_MAX_ROWS, |n| if n >= 8 { n.min(256) } else { 0 }),
+            }
+        });
+        max > 0 && (8..=max).contains(&super::rows(x)) && self.spec.mode == QuantMode::Affine && self.spec.bits == 4
     }
 
     /// Whether the product of x (..., in) by this (out, in) weight is cheaper as the weight
@@ -327,9 +338,13 @@ fn switch() -> Switch {
 
 /// Rows from which a product may take the dequantized weight ([`Quantized::dequantized_pays`]).
 const DEQUANT_MIN_ROWS: i64 = 1024;
+
 /// Rows x weight elements from which it does (2,047 rows of a 2,048 x 1,024 weight: 4.3e9, 1.5x
 /// faster at 2,048 rows; not 1,024 of a 1,024 x 3,072 one: 3.2e9).
 const DEQUANT_MIN_WORK: i64 = 4_000_000_000;
+
+/// The most rows [`Quantized::mma_rows_pays`] gives the tensor-core kernel by default.
+const MMA_DEFAULT_MAX_ROWS: usize = 32;
 
 /// Weights of this many elements or more take the few-row kernel in every model. Since the kernel
 /// is launched by a primitive of ours (the shim's jit.cpp) a call costs the host what MLX's product
