@@ -72,6 +72,10 @@
 #                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split at 8/1/4/16 threads; the decode kernel's tokens
 #   gpu_suite.sh mma    the tensor-core product of 8-256 rows (MLX_GEN_QMM_MMA=1) against MLX's: error and time, the
 #                       batch step, a few-position forward, the self-drafting round, the server (issues 19, 20)
+#   gpu_suite.sh verify a verification's cost with the tensor-core product (default): our attention kernel for a few
+#                       query positions against MLX's composed one (forward of 1/5/8/9 positions, self-drafting round,
+#                       prompt lookup, tokens), the product up to 32 rows against up to 64 (batch step of 32-64 rows), and
+#                       batch_step_cost --forward's exit under MLX_GEN_CRASH_TRACE (issues 19, 20)
 #   gpu_suite.sh route  the MoE router as one kernel against MLX's operations (batch_step_cost --route), greedy
 #                       tokens with and without it, then Qwen3-30B-A3B (SHAPE) side by side with mlx-lm (issue 17)
 #   gpu_suite.sh pacing the longest inter-token intervals and their tokens (Llama-3.2-3B, Qwen2.5-7B; issue 22 item 5)
@@ -682,6 +686,36 @@ grouped)
   echo "== $s decode kernel against MLX's gathered product: $(same_tokens "$out/gathered-mlx-$s.json" "$out/grouped-$s-0.json")"
   alternate MLX_GEN_MOE_GROUPED "${GROUPED_ROUNDS:-1 2}" "$d" -p 512 -g 64 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
+  ;;
+verify)
+  # Issue 19's verification after the tensor-core product (on by default for 8-32 rows): is the rest of a forward of
+  # 8 positions (6.2 ms against 3.5-3.9 at one, 2026-12-07e) the composed attention's kernels (five of MLX's and two
+  # cuBLAS products a layer)? Our attention kernel for a few query positions (MLX_GEN_ATTN_KERNEL=1) against it,
+  # alternating, 2 rounds: the forward, the self-drafting round (K = 4), prompt lookup (K = 8), then greedy speculative
+  # tokens with and without. Then the product up to 32 rows (default) against up to 64 (batch steps of 32-64 rows),
+  # and batch_step_cost --forward's exit, a segmentation fault at 2026-12-07e, under MLX_GEN_CRASH_TRACE.
+  python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
+  d3=$(shape_dir llama-3.2-3b)
+  for r in 1 2; do
+    for a in 0 1; do
+      echo "-- round $r MLX_GEN_ATTN_KERNEL=$a"
+      MLX_GEN_ATTN_KERNEL=$a ./batch_step_cost "$d3" --forward 1 5 8 9 2>/dev/null | grep '^forward'
+      MLX_GEN_ATTN_KERNEL=$a ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
+          --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
+      MLX_GEN_ATTN_KERNEL=$a ./mlx-gen bench -n 2 --model "$d3" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 \
+          --num-draft-tokens 8 --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
+    done
+  done
+  for a in 0 1; do
+    MLX_GEN_ATTN_KERNEL=$a ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/verify-spec-$a.json"
+  done
+  echo "== speculative tokens, our attention kernel against MLX's: $(same_tokens "$out/verify-spec-0.json" "$out/verify-spec-1.json")"
+  for v in 32 64 32 64; do
+    echo "-- MLX_GEN_QMM_MMA=$v"
+    MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 32 48 64 2>&1 | grep '^batch'
+  done
+  MLX_GEN_CRASH_TRACE=1 ./batch_step_cost "$d3" --forward 1 2>&1 | tail -40; echo "batch_step_cost --forward exit status ${PIPESTATUS[0]}"
   ;;
 mma)
   # Issues 19 and 20: the quantized product of 8-256 rows on the tensor cores (MLX_GEN_QMM_MMA=1, off by default)
