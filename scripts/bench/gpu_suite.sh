@@ -718,7 +718,7 @@ verify)
   MLX_GEN_CRASH_TRACE=1 ./batch_step_cost "$d3" --forward 1 2>&1 | tail -40; echo "batch_step_cost --forward exit status ${PIPESTATUS[0]}"
   ;;
 mma)
-  # Issues 19 and 20: the quantized product of 8-256 rows on the tensor cores (MLX_GEN_QMM_MMA=1, off by default)
+  # Issues 19 and 20: the quantized product of 8-256 rows on the tensor cores (MLX_GEN_QMM_MMA=1; the default for 8-32 rows since 2026-12-07e)
   # against MLX's tiled product: error and time at 8-64 rows (batch_step_cost --qmm), then on the Llama-3.2-3B
   # shape with and without it, alternating: the batch step at 1/8/32 rows, one forward of 1/5/8/9 positions, the
   # self-drafting round (K = 4, every draft accepted), greedy tokens of a speculative run (equal expected up to a
