@@ -74,7 +74,8 @@
 #                       batch step, a few-position forward, the self-drafting round, the server (issues 19, 20)
 #   gpu_suite.sh verify a verification's cost with the tensor-core product (default): our attention kernel for a few
 #                       query positions against MLX's composed one (forward of 1/5/8/9 positions, self-drafting round,
-#                       prompt lookup, tokens), the product up to 32 rows against up to 64 (batch step of 32-64 rows), and
+#                       prompt lookup, tokens), the draft model's step queued ahead (MLX_GEN_SPEC_PIPELINE) against
+#                       not, the product up to 32 rows against up to 64 (batch step of 32-64 rows), and
 #                       batch_step_cost --forward's exit under MLX_GEN_CRASH_TRACE (issues 19, 20)
 #   gpu_suite.sh route  the MoE router as one kernel against MLX's operations (batch_step_cost --route), greedy
 #                       tokens with and without it, then Qwen3-30B-A3B (SHAPE) side by side with mlx-lm (issue 17)
@@ -711,6 +712,20 @@ verify)
         -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/verify-spec-$a.json"
   done
   echo "== speculative tokens, our attention kernel against MLX's: $(same_tokens "$out/verify-spec-0.json" "$out/verify-spec-1.json")"
+  # The draft model's next first step queued while the verification runs (MLX_GEN_SPEC_PIPELINE, on by default on
+  # a GPU) against none, alternating, 2 rounds: the self-drafting round, then the same with the trace's stage split.
+  for r in 1 2; do
+    for p in 0 1; do
+      echo "-- round $r MLX_GEN_SPEC_PIPELINE=$p"
+      MLX_GEN_SPEC_PIPELINE=$p ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
+          --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
+    done
+  done
+  for p in 0 1; do
+    MLX_GEN_SPEC_PIPELINE=$p ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/verify-pipe-$p.json"
+  done
+  echo "== speculative tokens, the draft step queued ahead against not: $(same_tokens "$out/verify-pipe-0.json" "$out/verify-pipe-1.json")"
   for v in 32 64 32 64; do
     echo "-- MLX_GEN_QMM_MMA=$v"
     MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 32 48 64 2>&1 | grep '^batch'

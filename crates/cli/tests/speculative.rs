@@ -88,9 +88,12 @@ fn greedy_speculation_equals_plain_generation() {
             assert_eq!(padded["tokens"], plain["tokens"], "{name}, verification padded to {pad}: tokens differ from plain");
         }
     }
-    // Pipelined prompt-lookup rounds (each queued before the one in flight is read), every round
-    // speculative and with the fallback, also with padded verification.
-    for (name, flags) in cases.iter().filter(|(n, _)| n.contains("lookup")) {
+    // Pipelined rounds, every round speculative and with the fallback, also with padded
+    // verification: prompt lookup queues each round before the one in flight is read, a draft
+    // model the next round's first draft step (kept after a full acceptance, taken back out of the
+    // draft cache after a rejection: the 4-bit and unrelated drafts reject, the model's own does not).
+    let pipelined = |n: &str| n.contains("lookup") || n.contains("K=3") || n.contains("rejections") || n.contains("own draft") || n.contains("adaptive");
+    for (name, flags) in cases.iter().filter(|(n, _)| pipelined(n)) {
         for extra in [&["--always-speculate"][..], &[]] {
             let flags = [&flags[..], extra].concat();
             for env in [&[("MLX_GEN_SPEC_PIPELINE", "1")][..], &[("MLX_GEN_SPEC_PIPELINE", "1"), ("MLX_GEN_VERIFY_PAD", "8")]] {
@@ -125,10 +128,11 @@ fn max_tokens_is_exact_with_speculation() {
             assert_eq!(spec["tokens"], plain["tokens"], "max {max} {flags:?}");
             assert_eq!(count(&spec, "generation_tokens"), max as u64, "max {max} {flags:?}");
         }
-        let flags = ["--prompt-lookup", "1", "--always-speculate"];
-        let pipelined = generate_env("qwen3-f32", max, &flags, &[("MLX_GEN_SPEC_PIPELINE", "1")]);
-        assert_eq!(pipelined["tokens"], plain["tokens"], "max {max}, pipelined lookup");
-        assert_eq!(count(&pipelined, "generation_tokens"), max as u64, "max {max}, pipelined lookup");
+        for flags in [vec!["--prompt-lookup", "1", "--always-speculate"], vec!["--draft-model", q4, "--num-draft-tokens", "2", "--always-speculate"]] {
+            let pipelined = generate_env("qwen3-f32", max, &flags, &[("MLX_GEN_SPEC_PIPELINE", "1")]);
+            assert_eq!(pipelined["tokens"], plain["tokens"], "max {max}, pipelined {flags:?}");
+            assert_eq!(count(&pipelined, "generation_tokens"), max as u64, "max {max}, pipelined {flags:?}");
+        }
     }
 }
 

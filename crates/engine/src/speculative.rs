@@ -67,8 +67,9 @@ pub struct SpeculativeConfig {
     /// MLX's CUDA backend a quantized matrix product of 2-7 rows costs several times one of 8
     /// (BENCHMARKS.md), so the GPU pads to 8; padding changes no token (causal attention).
     pub pad_verify: usize,
-    /// Greedy prompt lookup without logits processors queues each round before reading the one
-    /// in flight ([`pipelined`]). Off by default.
+    /// Greedy decoding without logits processors over trimmable caches queues work before reading
+    /// the round in flight ([`pipelined`]): prompt lookup its next round, a draft model the next
+    /// round's first draft step. Off by default.
     pub pipeline: bool,
 }
 
@@ -194,8 +195,11 @@ pub struct SpeculativeGenerator<'m> {
     /// Prompt-lookup rounds are pipelined (see [`pipelined`]), and the round in flight.
     pipelined: bool,
     inflight: Option<pipelined::Inflight>,
-    /// Whether the last pipelined round accepted all its drafts (then the next is queued early).
+    /// Whether the last round accepted all its drafts (then pipelined work is queued early).
     all_accepted: bool,
+    /// A draft model's first draft token of the next round (1,), queued while the round before ran,
+    /// on the bet that it accepts all its drafts (its input, `draft_y`, is then in the draft cache).
+    draft_ahead: Option<Array>,
     /// Constrained decoding: the grammar every handed-out token follows.
     constraint: Option<Box<dyn TokenConstraint>>,
     /// The sequence's own random stream ([`SpeculativeGenerator::resume`]); `None`: MLX's global key.
@@ -310,7 +314,13 @@ impl<'m> SpeculativeGenerator<'m> {
         let pace = (spec.fallback && exact_anyway).then(Pace::new);
         // Padding and pipelining rewind by trimming: not over recurrent states or rotating windows.
         let trimmable = trims_only(&cache);
-        let pipelined = exact_anyway && spec.pipeline && trimmable && matches!(draft, Draft::PromptLookup { .. });
+        let pipelined = exact_anyway
+            && spec.pipeline
+            && trimmable
+            && match &draft {
+                Draft::PromptLookup { .. } => true,
+                Draft::Model { cache, .. } => trims_only(cache),
+            };
         let trace = std::env::var_os("MLX_GEN_TRACE").map(|_| Trace::default());
         Ok(SpeculativeGenerator {
             model,
@@ -335,6 +345,7 @@ impl<'m> SpeculativeGenerator<'m> {
             pipelined,
             inflight: None,
             all_accepted: true,
+            draft_ahead: None,
             constraint,
             keys: None,
         })
@@ -435,11 +446,17 @@ impl<'m> SpeculativeGenerator<'m> {
             Draft::PromptLookup { .. } => None,
         };
         let draft_input = self.draft_y.clone();
+        let ahead = self.draft_ahead.take();
         let (draft_tokens, lookup) = match &mut self.draft {
             Draft::Model { model, cache } => {
                 let mut ds = Vec::with_capacity(want);
                 let mut input = Array::from_slice(&self.draft_y, &[self.draft_y.len() as i32])?;
-                for _ in 0..want {
+                // The first step already queued during the last round (it was fed `draft_y`).
+                if let Some(d) = ahead {
+                    ds.push(d.clone());
+                    input = d;
+                }
+                while ds.len() < want {
                     let (d, _) = step(*model, cache, &input, 1, &self.config, &mut self.history, self.keys.as_mut())?;
                     async_eval(&[&d])?;
                     ds.push(d.clone());
@@ -479,8 +496,9 @@ impl<'m> SpeculativeGenerator<'m> {
         // Recurrent states and rotating windows about to wrap, to put back if drafts are rejected.
         let before = checkpoint(&self.cache, self.y.len() + num_draft + self.pad_verify);
         let v = self.queue_verify(&y, draft.as_ref(), num_draft, masks.as_deref())?;
-        // One wait for the device: the sampled tokens and the fed input (the drafts) together.
         let input = v.input.astype(Dtype::U32)?;
+        let ahead = if lookup.is_none() && num_draft == want { self.queue_draft_ahead(&v, &input, draft_tokens.last())? } else { None };
+        // One wait for the device: the sampled tokens and the fed input (the drafts) together.
         mlx::eval(&[&v.tokens, &input])?;
         let tokens: Vec<u32> = v.tokens.to_vec()?;
         let mut fed: Vec<u32> = input.to_vec()?;
@@ -489,6 +507,7 @@ impl<'m> SpeculativeGenerator<'m> {
         let t_verify = Instant::now();
         let handed_before = self.ntoks;
         let n = self.accept(&tokens, drafted, &v.logprobs)?;
+        self.all_accepted = n == num_draft;
         if let Some(c) = self.constraint.as_mut() {
             for &t in &tokens[..=n] {
                 c.commit(t)?;
@@ -510,6 +529,7 @@ impl<'m> SpeculativeGenerator<'m> {
         // drafts but the last: each keeps what was accepted.
         let kept = fed.len() - (num_draft - n);
         rewind(self.model, &mut self.cache, before, &fed, kept, &self.config)?;
+        self.settle_draft_ahead(ahead)?;
         if let Draft::Model { model, cache } = &mut self.draft {
             let fed: Vec<u32> = draft_input.iter().copied().chain(drafted[..num_draft.saturating_sub(1)].iter().copied()).collect();
             let kept = fed.len() - (num_draft - n).saturating_sub(1);
@@ -524,6 +544,9 @@ impl<'m> SpeculativeGenerator<'m> {
             t.waits += mlx::host_waits() - waits0;
         }
         self.finish_round(num_draft, n, self.ntoks - handed_before, t0);
+        if self.leaving_speculation() {
+            self.settle_draft_ahead(None)?; // the fallback goes plain: the queued draft step is given up
+        }
         Ok(())
     }
 

@@ -230,10 +230,10 @@ mod tests {
             let bool_mask = rand(&[2, 1, l, s], 4).gt_scalar(-0.3).unwrap();
             let add_mask = rand(&[1, hq, l, s], 5);
             for mask in [Mask::None, Mask::Causal, Mask::Array(&bool_mask), Mask::Array(&add_mask)] {
-                let want = fast::sdpa(&q, &k, &v, 0.25, mask.clone()).unwrap().to_vec::<f32>().unwrap();
+                let want = fast::sdpa(&q, &k, &v, 0.25, mask).unwrap().to_vec::<f32>().unwrap();
                 // Unpadded, and with the keys padded to buckets of 4 and 16 positions.
                 for bucket in [0, 4, 16] {
-                    let got = composed_attention_in(&q, &k, &v, 0.25, mask.clone(), bucket).unwrap();
+                    let got = composed_attention_in(&q, &k, &v, 0.25, mask, bucket).unwrap();
                     assert_eq!(got.shape(), vec![2, hq, l, 8]);
                     let got = got.to_vec::<f32>().unwrap();
                     let diff = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);

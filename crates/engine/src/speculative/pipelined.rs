@@ -9,13 +9,18 @@
 //! verification. A round without drafts is a plain step, so a text with nothing to look up
 //! decodes as pipelined plain decoding.
 //!
+//! With a draft model the same bet queues less: the next round's first draft step, fed the running
+//! round's last draft and its lazy bonus token, so the host encodes it while the device verifies
+//! instead of the device waiting for it at the start of the next round. A rejection takes its two
+//! positions back out of the draft cache.
+//!
 //! Used for greedy decoding without logits processors over trimmable caches (tokens are plain
 //! decoding's either way; sampled runs keep one draw per round in mlx-lm's order).
-use super::{prompt_lookup, SpeculativeGenerator, Verify};
+use super::{prompt_lookup, step, Draft, SpeculativeGenerator, Verify};
 use crate::cache::trim_prompt_cache;
 use crate::error::Result;
 use crate::pace::Phase;
-use mlx::Array;
+use mlx::{ops, Array};
 use std::time::Instant;
 
 /// A queued verification and the drafts it checks.
@@ -103,7 +108,46 @@ impl SpeculativeGenerator<'_> {
     }
 
     /// Whether the fallback has switched to plain decoding.
-    fn leaving_speculation(&self) -> bool {
+    pub(super) fn leaving_speculation(&self) -> bool {
         self.pace.as_ref().is_some_and(|p| matches!(p.phase(), Phase::Plain { .. }))
+    }
+
+    /// A draft model's first draft step of the next round, queued behind `v` (the verification of
+    /// `num_draft` drafts, the last of them `last`) on the bet that `v` accepts them all: fed that
+    /// draft and `v`'s bonus token, lazily. `v`'s tokens, log-probabilities and `input` (its fed
+    /// tokens) are queued first as an evaluation of their own, so reading them does not wait for the
+    /// step. Only pipelined, after a round that accepted everything, with a next round to draft for.
+    pub(super) fn queue_draft_ahead(&mut self, v: &Verify, input: &Array, last: Option<&Array>) -> Result<Option<Array>> {
+        let num_draft = v.tokens.dim(0) as usize - 1;
+        let max = self.config.max_tokens.unwrap_or(usize::MAX);
+        if !self.pipelined || !self.all_accepted || self.ntoks + num_draft + 1 >= max || self.leaving_speculation() {
+            return Ok(None);
+        }
+        let (Draft::Model { model, cache }, Some(last)) = (&mut self.draft, last) else { return Ok(None) };
+        mlx::async_eval(&[&v.tokens, &v.logprobs, input])?;
+        let bonus = v.tokens.slice_axis(0, num_draft as i32, num_draft as i32 + 1)?; // (1,)
+        let fed = ops::concatenate(&[last, &bonus], 0)?; // (2,): the draft_y of a fully accepted round
+        let (d, _) = step(*model, cache, &fed, 1, &self.config, &mut self.history, self.keys.as_mut())?; // (1,)
+        mlx::async_eval(&[&d])?;
+        Ok(Some(d))
+    }
+
+    /// After a round: keeps `ahead` (from [`Self::queue_draft_ahead`]) for the next round when this
+    /// one accepted all its drafts, else takes its two fed positions back out of the draft cache;
+    /// with `None`, gives up a kept one (the fallback going plain).
+    pub(super) fn settle_draft_ahead(&mut self, ahead: Option<Array>) -> Result<()> {
+        let give_up = match ahead {
+            Some(d) if self.all_accepted && !self.done => {
+                self.draft_ahead = Some(d);
+                false
+            }
+            Some(_) => true,
+            None => self.draft_ahead.take().is_some(),
+        };
+        if let (true, Draft::Model { cache, .. }) = (give_up, &mut self.draft) {
+            self.stats.discarded += 1;
+            trim_prompt_cache(cache, 2)?;
+        }
+        Ok(())
     }
 }

@@ -105,6 +105,8 @@ impl<'m> SpeculativeGenerator<'m> {
         if rewound > 0 {
             trim_prompt_cache(&mut self.cache, rewound as i32)?;
         }
+        // A draft step queued for the next round: its input goes back to pending (`draft_y`).
+        self.settle_draft_ahead(None)?;
         let draft = match std::mem::replace(&mut self.draft, Draft::PromptLookup { ngram: 1 }) {
             Draft::Model { cache, .. } => Some((cache, self.draft_y.len())),
             Draft::PromptLookup { .. } => None,

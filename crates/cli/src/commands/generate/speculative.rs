@@ -85,10 +85,11 @@ impl SpecArgs {
     }
 }
 
-/// Whether prompt-lookup rounds are pipelined (each queued before the one in flight is read): on
-/// the GPU, where decoding is host-bound and it pays (H200: 2.87x plain against 2.62x on the
-/// Qwen3-0.6B shape, 2.03x against 1.58x on Llama-3.2-3B), not on the CPU, where the device has no
-/// idle time for the bet to fill and it loses (BENCHMARKS.md); `MLX_GEN_SPEC_PIPELINE=0|1` sets it.
+/// Whether rounds are pipelined (prompt lookup: each round queued before the one in flight is read;
+/// a draft model: the next round's first draft step): on the GPU, where decoding is host-bound and
+/// it pays (prompt lookup on an H200: 2.87x plain against 2.62x on the Qwen3-0.6B shape, 2.03x
+/// against 1.58x on Llama-3.2-3B), not on the CPU, where the device has no idle time for the bet to
+/// fill and it loses (BENCHMARKS.md); `MLX_GEN_SPEC_PIPELINE=0|1` sets it.
 fn pipelined_rounds() -> Result<bool> {
     match std::env::var("MLX_GEN_SPEC_PIPELINE").as_deref() {
         Ok("1") => Ok(true),
