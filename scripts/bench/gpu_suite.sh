@@ -72,6 +72,8 @@
 #                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split at 8/1/4/16 threads; the decode kernel's tokens
 #   gpu_suite.sh mma    the tensor-core product of 8-256 rows (MLX_GEN_QMM_MMA=1) against MLX's: error and time, the
 #                       batch step, a few-position forward, the self-drafting round, the server (issues 19, 20)
+#   gpu_suite.sh attn   our attention kernel for a few query positions against MLX's composed attention: batch step
+#                       at 1/8/32 rows on both dense shapes, the server at 8 and 32 streams (ATTN_SERVE shapes)
 #   gpu_suite.sh verify a verification's cost with the tensor-core product (default): our attention kernel for a few
 #                       query positions against MLX's composed one (forward of 1/5/8/9 positions, self-drafting round,
 #                       prompt lookup, tokens), the draft model's step queued ahead (MLX_GEN_SPEC_PIPELINE) against
@@ -687,6 +689,28 @@ grouped)
   echo "== $s decode kernel against MLX's gathered product: $(same_tokens "$out/gathered-mlx-$s.json" "$out/grouped-$s-0.json")"
   alternate MLX_GEN_MOE_GROUPED "${GROUPED_ROUNDS:-1 2}" "$d" -p 512 -g 64 -n 2
   [ -n "${KEEP:-}" ] || rm -rf "$d"
+  ;;
+attn)
+  # Our attention kernel for a few query positions (MLX_GEN_ATTN_KERNEL=1; one kernel a layer where the GPU composes
+  # five of MLX's and two cuBLAS products for rows of different lengths) since it is launched by our own primitive:
+  # the batch step at 1/8/32 rows on both dense shapes, alternating, 2 rounds, then the server at 8 and 32 streams
+  # (1 round each, alternating twice). Last measured through MLX's custom-kernel API (2026-12-06c: mixed).
+  for s in qwen3-0.6b llama-3.2-3b; do
+    d=$(shape_dir $s)
+    for r in 1 2; do
+      for a in 0 1; do
+        echo "-- $s round $r MLX_GEN_ATTN_KERNEL=$a"
+        MLX_GEN_ATTN_KERNEL=$a MLX_GEN_TRACE=1 ./batch_step_cost "$d" 1 8 32 2>&1 | grep '^batch'
+      done
+    done
+  done
+  for s in ${ATTN_SERVE-qwen3-0.6b llama-3.2-3b}; do
+    for a in 0 1 0 1; do
+      echo "-- $s server MLX_GEN_ATTN_KERNEL=$a"
+      MLX_GEN_ATTN_KERNEL=$a timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen \
+          --model "$(shape_dir $s)" --concurrency 8,32 --max-tokens 128 --rounds 1 2>&1 | grep -E "streams:"
+    done
+  done
   ;;
 verify)
   # Issue 19's verification after the tensor-core product (on by default for 8-32 rows): is the rest of a forward of
