@@ -721,35 +721,36 @@ verify)
   # and batch_step_cost --forward's exit, a segmentation fault at 2026-12-07e, under MLX_GEN_CRASH_TRACE.
   python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
   d3=$(shape_dir llama-3.2-3b)
+  # The self-drafting round (K = 4, every round speculative) under the environment given.
+  selfdraft() { env "$@" ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
+      --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"; }
+  # Greedy self-drafting tokens with the variable $1 at 0 and at 1: equal up to a near-tie expected.
+  spec_pair() {
+    for g in 0 1; do
+      env "$1=$g" ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
+          -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/verify-$1-$g.json"
+    done
+    echo "== speculative tokens, $1=1 against 0: $(same_tokens "$out/verify-$1-0.json" "$out/verify-$1-1.json")"
+  }
   for r in 1 2; do
     for a in 0 1; do
       echo "-- round $r MLX_GEN_ATTN_KERNEL=$a"
       MLX_GEN_ATTN_KERNEL=$a ./batch_step_cost "$d3" --forward 1 5 8 9 2>/dev/null | grep '^forward'
-      MLX_GEN_ATTN_KERNEL=$a ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
-          --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
+      selfdraft MLX_GEN_ATTN_KERNEL=$a
       MLX_GEN_ATTN_KERNEL=$a ./mlx-gen bench -n 2 --model "$d3" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 \
           --num-draft-tokens 8 --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
     done
   done
-  for a in 0 1; do
-    MLX_GEN_ATTN_KERNEL=$a ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
-        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/verify-spec-$a.json"
-  done
-  echo "== speculative tokens, our attention kernel against MLX's: $(same_tokens "$out/verify-spec-0.json" "$out/verify-spec-1.json")"
+  spec_pair MLX_GEN_ATTN_KERNEL
   # The draft model's next first step queued while the verification runs (MLX_GEN_SPEC_PIPELINE, on by default on
-  # a GPU) against none, alternating, 2 rounds: the self-drafting round, then the same with the trace's stage split.
+  # a GPU) against none, alternating, 2 rounds.
   for r in 1 2; do
     for p in 0 1; do
       echo "-- round $r MLX_GEN_SPEC_PIPELINE=$p"
-      MLX_GEN_SPEC_PIPELINE=$p ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
-          --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
+      selfdraft MLX_GEN_SPEC_PIPELINE=$p
     done
   done
-  for p in 0 1; do
-    MLX_GEN_SPEC_PIPELINE=$p ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
-        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/verify-pipe-$p.json"
-  done
-  echo "== speculative tokens, the draft step queued ahead against not: $(same_tokens "$out/verify-pipe-0.json" "$out/verify-pipe-1.json")"
+  spec_pair MLX_GEN_SPEC_PIPELINE
   for v in 32 64 32 64; do
     echo "-- MLX_GEN_QMM_MMA=$v"
     MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 32 48 64 2>&1 | grep '^batch'
