@@ -751,6 +751,16 @@ verify)
     done
   done
   spec_pair MLX_GEN_SPEC_PIPELINE
+  # The product's 8-row tiles a block (MLX_GEN_QMM_MMA_TILES, default 4: 172 registers a thread, so one block of
+  # 8 warps an SM; 2 or 1 tiles take fewer registers and more blocks): the batch step at 16 and 32 rows, then the
+  # product alone at 32 rows.
+  for r in 1 2; do
+    for t in 4 2 1; do
+      echo "-- round $r MLX_GEN_QMM_MMA_TILES=$t"
+      MLX_GEN_QMM_MMA_TILES=$t MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 16 32 2>&1 | grep '^batch'
+    done
+  done
+  for t in 4 2 1; do MLX_GEN_QMM_MMA_TILES=$t ./batch_step_cost --qmm 32 | sed "s/^/tiles $t: /"; done
   for v in 32 64 32 64; do
     echo "-- MLX_GEN_QMM_MMA=$v"
     MLX_GEN_QMM_MMA=$v MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 32 48 64 2>&1 | grep '^batch'

@@ -19,7 +19,9 @@
 // kernels. The engine takes it for 8-32 rows by default on CUDA (measured on an H100: BENCHMARKS.md 2026-12-07e).
 #include "internal.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -223,9 +225,17 @@ std::string source(const char* t, int gs, int nt, int ndim) {
          consts + kBody + "}\n";
 }
 
-// 8-row tiles of x a block for m rows: 1, 2 or 4 (32 rows; more rows take more blocks).
+// 8-row tiles of x a block for m rows: 1, 2 or 4 (32 rows; more rows take more blocks), at most
+// MLX_GEN_QMM_MMA_TILES (1, 2 or 4; default 4). Fewer tiles a block take fewer registers (ptxas: 80 at one
+// tile, 172 at four), so more blocks share an SM, and more blocks (each reading the weight, the second time
+// from L2) for the same rows.
 int tiles(int m) {
-  return m <= 8 ? 1 : m <= 16 ? 2 : 4;
+  static const int cap = [] {
+    const char* v = std::getenv("MLX_GEN_QMM_MMA_TILES");
+    const int c = v == nullptr ? 4 : std::atoi(v);
+    return c == 1 || c == 2 ? c : 4;
+  }();
+  return std::min(m <= 8 ? 1 : m <= 16 ? 2 : 4, cap);
 }
 
 // Whether the kernel takes this product: x (M, K) or (1, M, K) of 8-256 rows of a 16-bit float, affine
