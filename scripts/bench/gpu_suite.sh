@@ -74,6 +74,8 @@
 #                       batch step, a few-position forward, the self-drafting round, the server (issues 19, 20)
 #   gpu_suite.sh attn   our attention kernel for a few query positions against MLX's composed attention: batch step
 #                       at 1/8/32 rows on both dense shapes, the server at 8 and 32 streams (ATTN_SERVE shapes)
+#   gpu_suite.sh ahead  verify's short form (about 150 s): the draft step queued ahead, the attention kernel at 8
+#                       positions, the product's tiles at 32 rows, batch_step_cost --forward's exit
 #   gpu_suite.sh verify a verification's cost with the tensor-core product (default): our attention kernel for a few
 #                       query positions against MLX's composed one (forward of 1/5/8/9 positions, self-drafting round,
 #                       prompt lookup, tokens), the draft model's step queued ahead (MLX_GEN_SPEC_PIPELINE) against
@@ -711,6 +713,21 @@ attn)
           --model "$(shape_dir $s)" --concurrency 8,32 --max-tokens 128 --rounds 1 2>&1 | grep -E "streams:"
     done
   done
+  ;;
+ahead)
+  # The short form of `verify` (about 150 s): the draft model's next first step queued ahead (MLX_GEN_SPEC_PIPELINE=1)
+  # against not, 2 alternating rounds of the self-drafting round; a forward of 1/8 positions with our attention
+  # kernel and without; the batch step at 32 rows with 4 / 2 / 1 tiles a block; batch_step_cost --forward's exit.
+  d3=$(shape_dir llama-3.2-3b)
+  for r in 1 2; do
+    for p in 0 1; do
+      echo "-- round $r MLX_GEN_SPEC_PIPELINE=$p: $(MLX_GEN_SPEC_PIPELINE=$p ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 \
+          --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^Speculative")"
+    done
+  done
+  for a in 0 1; do echo "-- MLX_GEN_ATTN_KERNEL=$a $(MLX_GEN_ATTN_KERNEL=$a ./batch_step_cost "$d3" --forward 1 8 2>/dev/null | tr '\n' ' ')"; done
+  for t in 4 2 1; do echo "-- MLX_GEN_QMM_MMA_TILES=$t $(MLX_GEN_QMM_MMA_TILES=$t ./batch_step_cost "$d3" 32 2>&1 | grep '^batch' | cut -c1-40)"; done
+  MLX_GEN_CRASH_TRACE=1 ./batch_step_cost "$d3" --forward 1 2>&1 | tail -30; echo "batch_step_cost --forward exit status ${PIPESTATUS[0]}"
   ;;
 verify)
   # Issue 19's verification after the tensor-core product (on by default for 8-32 rows): is the rest of a forward of
