@@ -61,7 +61,7 @@ impl SpecArgs {
             adaptive: self.adaptive_draft,
             fallback: !self.always_speculate,
             pad_verify: verify_padding()?,
-            pipeline: pipelined_rounds(self.draft_model.is_some())?,
+            pipeline: pipelined_rounds()?,
         })
     }
 
@@ -86,17 +86,17 @@ impl SpecArgs {
 }
 
 /// Whether rounds are pipelined (prompt lookup: each round queued before the one in flight is read;
-/// a draft model: the next round's first draft step queued while the verification runs). Prompt
-/// lookup's: on the GPU, where decoding is host-bound and it pays (an H200: 2.87x plain against
-/// 2.62x on the Qwen3-0.6B shape, 2.03x against 1.58x on Llama-3.2-3B), not on the CPU, where the
-/// device has no idle time for the bet to fill and it loses (BENCHMARKS.md). A draft model's: only
-/// when asked for, until measured on a GPU. `MLX_GEN_SPEC_PIPELINE=0|1` sets both.
-fn pipelined_rounds(draft_model: bool) -> Result<bool> {
+/// a draft model: the next round's first draft step queued while the verification runs): on the
+/// GPU, where decoding is host-bound and it pays (prompt lookup on an H200: 2.87x plain against
+/// 2.62x on the Qwen3-0.6B shape, 2.03x against 1.58x on Llama-3.2-3B; Llama-3.2-3B drafting for
+/// itself on an H100: 22.7 / 24.9 ms a round against 25.9 / 28.6), not on the CPU, where the device
+/// has no idle time for the bet to fill and it loses (BENCHMARKS.md); `MLX_GEN_SPEC_PIPELINE=0|1` sets it.
+fn pipelined_rounds() -> Result<bool> {
     match std::env::var("MLX_GEN_SPEC_PIPELINE").as_deref() {
         Ok("1") => Ok(true),
         Ok("0") => Ok(false),
         Ok(v) => Err(anyhow::anyhow!("MLX_GEN_SPEC_PIPELINE={v:?} is neither 0 nor 1")),
-        Err(_) => Ok(!draft_model && mlx::runtime::default_device() == mlx::runtime::Device::Gpu),
+        Err(_) => Ok(mlx::runtime::default_device() == mlx::runtime::Device::Gpu),
     }
 }
 
