@@ -111,6 +111,10 @@ step_split() {
     echo "== $(basename "$1") step split round $r, $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_step_split.py --model "$1" -p 128 -g 256 2>&1 | tail -1)"
   done
 }
+# The self-drafting round of the folder $1 (K = 4, every round speculative, -p 128 -g 256, 2 trials) under the
+# environment given after it: its `Averages` and `Speculative` lines.
+selfdraft() { local d=$1; shift; env "$@" ./mlx-gen bench -n 2 --model "$d" -p 128 -g 256 --draft-model "$d" --num-draft-tokens 4 \
+    --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"; }
 # The MoE shape $1 with every layer in 4 bits (see `moe`), made once in $models.
 moe_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || python3 bench/make_shape.py "$1" "$d" --bits 4 --dtype bfloat16 --uniform >/dev/null; echo "$d"; }
 # `bench` of the folder $3 with the remaining arguments, the variable $1 at 0 then 1, in each round of $2.
@@ -721,8 +725,7 @@ ahead)
   d3=$(shape_dir llama-3.2-3b)
   for r in 1 2; do
     for p in 0 1; do
-      echo "-- round $r MLX_GEN_SPEC_PIPELINE=$p: $(MLX_GEN_SPEC_PIPELINE=$p ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 \
-          --draft-model "$d3" --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^Speculative")"
+      echo "-- round $r MLX_GEN_SPEC_PIPELINE=$p: $(selfdraft "$d3" MLX_GEN_SPEC_PIPELINE=$p | grep "^Speculative")"
     done
   done
   for a in 0 1; do echo "-- MLX_GEN_ATTN_KERNEL=$a $(MLX_GEN_ATTN_KERNEL=$a ./batch_step_cost "$d3" --forward 1 8 2>/dev/null | tr '\n' ' ')"; done
@@ -738,9 +741,6 @@ verify)
   # and batch_step_cost --forward's exit, a segmentation fault at 2026-12-07e, under MLX_GEN_CRASH_TRACE.
   python3 bench/speculative.py --dump-prompt > /tmp/code_edit.txt
   d3=$(shape_dir llama-3.2-3b)
-  # The self-drafting round (K = 4, every round speculative) under the environment given.
-  selfdraft() { env "$@" ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" --num-draft-tokens 4 \
-      --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"; }
   # Greedy self-drafting tokens with the variable $1 at 0 and at 1: equal up to a near-tie expected.
   spec_pair() {
     for g in 0 1; do
@@ -753,7 +753,7 @@ verify)
     for a in 0 1; do
       echo "-- round $r MLX_GEN_ATTN_KERNEL=$a"
       MLX_GEN_ATTN_KERNEL=$a ./batch_step_cost "$d3" --forward 1 5 8 9 2>/dev/null | grep '^forward'
-      selfdraft MLX_GEN_ATTN_KERNEL=$a
+      selfdraft "$d3" MLX_GEN_ATTN_KERNEL=$a
       MLX_GEN_ATTN_KERNEL=$a ./mlx-gen bench -n 2 --model "$d3" --prompt-file /tmp/code_edit.txt -g 256 --prompt-lookup 3 \
           --num-draft-tokens 8 --always-speculate 2>&1 | grep -E "^(Averages|Speculative)"
     done
@@ -764,7 +764,7 @@ verify)
   for r in 1 2; do
     for p in 0 1; do
       echo "-- round $r MLX_GEN_SPEC_PIPELINE=$p"
-      selfdraft MLX_GEN_SPEC_PIPELINE=$p
+      selfdraft "$d3" MLX_GEN_SPEC_PIPELINE=$p
     done
   done
   spec_pair MLX_GEN_SPEC_PIPELINE

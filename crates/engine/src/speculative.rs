@@ -192,7 +192,7 @@ pub struct SpeculativeGenerator<'m> {
     pace: Option<Pace>,
     plain_pending: Option<(Array, Array)>,
     trace: Option<Trace>,
-    /// Prompt-lookup rounds are pipelined (see [`pipelined`]), and the round in flight.
+    /// Rounds are pipelined (see [`pipelined`]), and prompt lookup's round in flight.
     pipelined: bool,
     inflight: Option<pipelined::Inflight>,
     /// Whether the last round accepted all its drafts (then pipelined work is queued early).
