@@ -5,7 +5,7 @@ mod common;
 
 use engine::batch::{BatchEngine, SeqParams, StepToken};
 use engine::cache::PagedPool;
-use engine::sample::{init_random_draws, key_seq_as_mlx_lm, seed_as_mlx_lm, LogitsProcessors};
+use engine::sample::{init_random_draws, key_seq_as_mlx_lm, seed_as_mlx_lm, LogitsProcessors, TokenConstraint};
 use engine::{GenerateConfig, Generator, LoadedModel, SamplerConfig};
 use std::collections::BTreeMap;
 
@@ -14,11 +14,15 @@ fn prompt(seed: u32, len: usize, vocab: u32) -> Vec<u32> {
 }
 
 fn alone(m: &LoadedModel, p: &[u32], sampler: &SamplerConfig, seed: Option<u64>, n: usize) -> Vec<u32> {
+    alone_constrained(m, p, sampler, seed, n, None)
+}
+
+fn alone_constrained(m: &LoadedModel, p: &[u32], sampler: &SamplerConfig, seed: Option<u64>, n: usize, constraint: Option<u32>) -> Vec<u32> {
     if let Some(s) = seed {
         seed_as_mlx_lm(s, m).unwrap();
     }
     let config = GenerateConfig { max_tokens: Some(n), sampler: sampler.clone(), ..GenerateConfig::default() };
-    Generator::new(m.model.as_ref(), p, m.model.make_cache(), config).unwrap().map(|g| g.unwrap().token).collect()
+    Generator::new_constrained(m.model.as_ref(), p, m.model.make_cache(), config, banned(constraint)).unwrap().map(|g| g.unwrap().token).collect()
 }
 
 struct Case {
@@ -28,6 +32,37 @@ struct Case {
     /// Step at which it is added.
     joins_at: usize,
     tokens: usize,
+    /// Masked by a [`Banned`] rule with this salt.
+    constraint: Option<u32>,
+}
+
+/// A rule over the tokens that changes with each one committed: token t is banned where
+/// (7t + salt) % 5 == 0, and so is the token last committed.
+struct Banned {
+    salt: u32,
+    committed: Vec<u32>,
+}
+
+impl TokenConstraint for Banned {
+    fn allowed(&mut self, vocab: usize) -> engine::Result<Vec<bool>> {
+        let last = self.committed.last().copied();
+        Ok((0..vocab as u32).map(|t| !(7 * t + self.salt).is_multiple_of(5) && Some(t) != last).collect())
+    }
+    fn commit(&mut self, token: u32) -> engine::Result<()> {
+        self.committed.push(token);
+        Ok(())
+    }
+    fn rollback(&mut self, n: usize) -> engine::Result<()> {
+        self.committed.truncate(self.committed.len() - n);
+        Ok(())
+    }
+    fn note(&self) -> Option<String> {
+        None
+    }
+}
+
+fn banned(salt: Option<u32>) -> Option<Box<dyn TokenConstraint>> {
+    salt.map(|salt| Box::new(Banned { salt, committed: Vec::new() }) as Box<dyn TokenConstraint>)
 }
 
 /// Runs every case through one batch engine; returns each case's tokens and the cached-prefix counts.
@@ -41,7 +76,7 @@ fn batched(m: &LoadedModel, cases: &[Case], prefill_chunk: usize, pool: Option<P
         for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.joins_at == step) {
             let keys = c.seed.map(|s| key_seq_as_mlx_lm(s, draws).unwrap());
             let params = SeqParams { sampler: c.sampler.clone(), keys, logprobs: false };
-            cached[i] = engine.add(i as u64, c.prompt.clone(), params).unwrap();
+            cached[i] = engine.add_constrained(i as u64, c.prompt.clone(), params, banned(c.constraint)).unwrap();
             out.insert(i as u64, Vec::new());
         }
         for StepToken { id, token, .. } in engine.step().unwrap() {
@@ -71,7 +106,14 @@ fn sampler(temp: f64, top_p: f64, top_k: i32, penalty: Option<f64>) -> SamplerCo
 
 fn check(variant: &str, cases: &[Case], chunk: usize) {
     let m = LoadedModel::load(&common::model(variant)).unwrap();
-    let want: Vec<Vec<u32>> = cases.iter().map(|c| alone(&m, &c.prompt, &c.sampler, c.seed, c.tokens)).collect();
+    let want: Vec<Vec<u32>> = cases.iter().map(|c| alone_constrained(&m, &c.prompt, &c.sampler, c.seed, c.tokens, c.constraint)).collect();
+    for (c, w) in cases.iter().zip(&want) {
+        let Some(salt) = c.constraint else { continue };
+        assert_eq!(w.len(), c.tokens, "{variant}: a constrained run gave {} of {} tokens", w.len(), c.tokens);
+        for (i, &t) in w.iter().enumerate() {
+            assert!(!(7 * t + salt).is_multiple_of(5) && (i == 0 || w[i - 1] != t), "{variant}: token {i} ({t}) of {w:?} breaks its rule (salt {salt})");
+        }
+    }
     let (got, _) = batched(&m, cases, chunk, None);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "{variant}: sequence {i} differs from its run alone");
@@ -88,6 +130,28 @@ fn greedy_sequences_joining_and_leaving_match_their_runs_alone() {
             seed: None,
             joins_at: [0, 0, 3, 5, 5, 20][i as usize],
             tokens: [30, 12, 25, 40, 8, 16][i as usize],
+            constraint: None,
+        })
+        .collect();
+    check("llama3-f32", &cases, 32);
+    check("qwen3-f32", &cases, 2048);
+}
+
+/// Constrained rows (each masked by a rule that changes with every token) among free rows, joining
+/// and leaving at different steps: while any row is constrained the engine queues each step's
+/// next forward pass ahead of the host's masks, and drops it for leaving rows and newcomers; every
+/// sequence still gives its tokens alone, greedy and seeded.
+#[test]
+fn constrained_rows_joining_and_leaving_match_their_runs_alone() {
+    let vocab = 256;
+    let cases: Vec<Case> = (0..7)
+        .map(|i| Case {
+            prompt: prompt(60 + i, [9, 33, 2, 17, 48, 5, 12][i as usize], vocab),
+            sampler: if i % 3 == 1 { sampler(0.9, 0.9, 0, Some(1.1)) } else { SamplerConfig::default() },
+            seed: (i % 3 == 1).then_some(u64::from(i) + 20),
+            joins_at: [0, 0, 4, 9, 9, 15, 30][i as usize],
+            tokens: [20, 6, 26, 14, 3, 18, 10][i as usize],
+            constraint: (i != 2 && i != 5).then_some(i),
         })
         .collect();
     check("llama3-f32", &cases, 32);
@@ -111,7 +175,7 @@ fn seeded_sampling_and_penalties_match_per_sequence() {
     let cases: Vec<Case> = settings
         .iter()
         .enumerate()
-        .map(|(i, (s, seed))| Case { prompt: prompt(i as u32 + 10, 6 + 9 * i, vocab), sampler: s.clone(), seed: *seed, joins_at: i % 6, tokens: 24 })
+        .map(|(i, (s, seed))| Case { prompt: prompt(i as u32 + 10, 6 + 9 * i, vocab), sampler: s.clone(), seed: *seed, joins_at: i % 6, tokens: 24, constraint: None })
         .collect();
     check("qwen2-f32", &cases, 64);
 }
@@ -122,8 +186,8 @@ fn a_cached_prefix_is_skipped_and_changes_nothing() {
     let base = prompt(1, 70, 256);
     let mut longer = base.clone();
     longer.extend(prompt(2, 9, 256));
-    let first = Case { prompt: base.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 0, tokens: 10 };
-    let second = Case { prompt: longer.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 30, tokens: 10 };
+    let first = Case { prompt: base.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 0, tokens: 10, constraint: None };
+    let second = Case { prompt: longer.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 30, tokens: 10, constraint: None };
     let pool = PagedPool::new(m.model.make_cache().len(), 16, 64 << 20);
     let (got, cached) = batched(&m, &[first, second], 2048, Some(pool.clone()));
     assert_eq!(cached, vec![0, 64], "the second prompt should reuse the first one's 4 full blocks");
@@ -146,15 +210,15 @@ fn newcomers_prefilled_together_and_shared_choices_match_their_runs_alone() {
     let mut with_prefix = base.clone();
     with_prefix.extend(prompt(4, 23, vocab));
     let lens = [7, 61, 1, 33, 18];
-    let mut cases: Vec<Case> = vec![Case { prompt: base.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 0, tokens: 4 }];
+    let mut cases: Vec<Case> = vec![Case { prompt: base.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 0, tokens: 4, constraint: None }];
     for (i, &len) in lens.iter().enumerate() {
-        cases.push(Case { prompt: prompt(20 + i as u32, len, vocab), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 9 + i });
+        cases.push(Case { prompt: prompt(20 + i as u32, len, vocab), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 9 + i, constraint: None });
     }
     // The same prompt three times (greedy, and two seeded streams), and one with a cached prefix.
     for (s, seed) in [(SamplerConfig::default(), None), (sampler(0.9, 0.95, 0, None), Some(5)), (sampler(1.0, 0.0, 0, Some(1.2)), Some(6))] {
-        cases.push(Case { prompt: prompt(40, 29, vocab), sampler: s, seed, joins_at: 12, tokens: 14 });
+        cases.push(Case { prompt: prompt(40, 29, vocab), sampler: s, seed, joins_at: 12, tokens: 14, constraint: None });
     }
-    cases.push(Case { prompt: with_prefix.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 11 });
+    cases.push(Case { prompt: with_prefix.clone(), sampler: SamplerConfig::default(), seed: None, joins_at: 12, tokens: 11, constraint: None });
     for (variant, chunk) in [("llama3-f32", 64), ("qwen3-f32", 2048)] {
         let m = LoadedModel::load(&common::model(variant)).unwrap();
         let want: Vec<Vec<u32>> = cases.iter().map(|c| alone(&m, &c.prompt, &c.sampler, c.seed, c.tokens)).collect();

@@ -2,8 +2,10 @@
 //! token, then each step queues the next forward pass (async eval) before the current token is
 //! handed out, so the host never waits on the device between tokens. With logits processors the
 //! token history (prompt, then each sampled token) is kept as a lazy array, as mlx-lm does.
-//! With a [`TokenConstraint`] each step queues the forward pass, reads the previous token, and
-//! computes the next token mask on the CPU while the device runs it (see `sample::constraint`).
+//! With a [`TokenConstraint`] each step reads the previous token and computes the next token mask
+//! on the CPU while the device runs the forward pass over that token (see `sample::constraint`),
+//! queues the masked sampling, then queues the following forward pass over the sampled (lazy) token
+//! before handing the previous one out, so the device does not wait for the host's graph building.
 use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
@@ -75,6 +77,10 @@ pub struct Generator<'m> {
     waits_start: u64,
     /// Constrained decoding: the grammar every sampled token must follow.
     constraint: Option<Box<dyn TokenConstraint>>,
+    /// Constrained, with trimmable caches: the logits (1, vocab) of the forward pass over the
+    /// pending token, queued already, so the device goes from one forward pass to the next while
+    /// the host computes the mask; the caches hold that token's keys and values.
+    ahead: Option<Array>,
 }
 
 impl Drop for Generator<'_> {
@@ -133,7 +139,7 @@ impl<'m> Generator<'m> {
         config.validate(model, prompt)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0, 0.0, 0.0));
-        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint };
+        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint, ahead: None };
         let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
         let mut history = None;
         let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
@@ -198,8 +204,15 @@ impl<'m> Generator<'m> {
         &self.cache
     }
 
-    /// The caches, for reuse by a following turn.
+    /// The caches, for reuse by a following turn (without a constrained step's forward ahead:
+    /// they end where the unconstrained generator's end).
     pub fn into_cache(mut self) -> Vec<Box<dyn KvCache>> {
+        if self.ahead.take().is_some() {
+            for c in &mut self.cache {
+                // Queued ahead only over trimmable caches.
+                let _ = c.trim(1);
+            }
+        }
         std::mem::take(&mut self.cache)
     }
 
@@ -227,11 +240,17 @@ impl<'m> Generator<'m> {
         let (mut graph, mut after, mut mask) = (None, 0.0, 0.0);
         let token;
         if let Some(mut c) = self.constraint.take() {
-            // Forward n+1 runs while token n is committed and the mask for n+1 computed.
-            let logits = if last { None } else { Some(self.logits(&y)?) };
-            if let Some(l) = &logits {
-                async_eval(&[l])?;
-            }
+            // Forward n+1 (queued ahead by the previous token's step where it could be) runs while
+            // token n is committed and the mask for n+1 computed.
+            let logits = match (last, self.ahead.take()) {
+                (true, _) => None,
+                (false, Some(l)) => Some(l),
+                (false, None) => {
+                    let l = self.logits(&y)?;
+                    async_eval(&[&l])?;
+                    Some(l)
+                }
+            };
             t1 = std::time::Instant::now();
             token = y.item::<u32>()?;
             let waited = std::time::Instant::now();
@@ -243,6 +262,15 @@ impl<'m> Generator<'m> {
                         mask = waited.elapsed().as_secs_f64();
                         let next = self.sample(l, Some(&allowed))?;
                         async_eval(&[&next.0, &next.1])?;
+                        // Forward n+2 over the sampled (lazy) token, a separate evaluation: reading
+                        // token n+1 does not wait for it. Not past max_tokens, and only where the
+                        // caches can drop it again (`into_cache`).
+                        let needed = self.config.max_tokens.is_none_or(|m| self.n + 2 < m);
+                        if needed && self.cache.iter().all(|c| c.is_trimmable()) {
+                            let ahead = self.logits(&next.0)?;
+                            async_eval(&[&ahead])?;
+                            self.ahead = Some(ahead);
+                        }
                         Ok(Some(next))
                     }
                     None => Ok(None),

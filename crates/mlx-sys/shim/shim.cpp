@@ -321,15 +321,19 @@ int mlxs_array_to_host(const mlxs_array a, int dtype, void* buf, size_t nbytes) 
   });
 }
 
-// Work queued with async_eval may still run on MLX's stream thread when the process exits; MLX's
-// own statics (scheduler, allocator) are then destroyed under it (seen as glibc heap corruption at
-// exit). Registered at the first evaluation, after MLX has built those statics, this handler runs
-// before their destructors and waits for the queued work. It waits on the stream the first
-// evaluation used, named explicitly: `synchronize()` without one would look up the exiting main
-// thread's default stream, whose thread-local list is already gone when the evaluations ran on
-// another thread (the server's engine thread, a test thread), a use after free.
+// Work queued with async_eval may still run when the process (or the evaluating thread) ends;
+// MLX's own state (scheduler, allocator, the stream's encoders) is then destroyed under it (seen as
+// glibc heap corruption at exit). So every thread that evaluates waits for its stream's queued work
+// when it ends: a thread-local guard, made at the thread's first evaluation just after MLX's
+// per-thread state for that stream (so destroyed, and run, before it). On the main thread that is
+// at exit, before the atexit handlers: glibc destroys the main thread's thread-locals first, so an
+// atexit handler that synchronizes a GPU stream meets MLX's thread-local CUDA state destroyed (a
+// segmentation fault at exit in cu::get_command_encoder, seen on the H100 after batch_step_cost).
+// On the CPU, whose stream runs on MLX's own worker thread, an atexit handler also waits for the
+// first evaluation's stream, named explicitly: the exiting main thread's default stream would be
+// the wrong one when the evaluations ran on another thread (the server's engine thread, a test).
 //
-// With MLX_GEN_CRASH_TRACE=1 the same first evaluation also installs a handler for fatal signals
+// With MLX_GEN_CRASH_TRACE=1 the first evaluation also installs a handler for fatal signals
 // (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) that writes the native call stack to stderr (glibc's
 // backtrace: "file(+offset)" frames, which addr2line resolves against an unstripped copy), then
 // lets the signal do what it would have done: a crash inside MLX or a kernel launch on a machine
@@ -361,22 +365,41 @@ static void install_crash_trace() {
   }
 }
 
+namespace {
+// Waits for a stream's queued work when its thread ends (see above).
+struct ThreadExitWait {
+  mx::Stream stream;
+  ~ThreadExitWait() {
+    try {
+      mx::synchronize(stream);
+    } catch (...) {
+    }
+  }
+};
+}  // namespace
+
 static void wait_at_exit() {
+  thread_local bool armed = false;
+  if (armed) {
+    return;
+  }
+  armed = true;
+  const mx::Stream stream = mx::default_stream(mx::default_device());
+  // Builds MLX's state for the stream on this thread now, before the guard below.
+  mx::synchronize(stream);
+  thread_local ThreadExitWait guard{stream};
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [stream] {
     install_crash_trace();
-    static const mx::Stream stream = mx::default_stream(mx::default_device());
-    // Reach the stream's device state now (on CUDA: its command encoder, built on first use), so that
-    // MLX's statics behind it are constructed before the handler is registered and so destroyed after it
-    // runs. Where they were first built later (a program whose first evaluation held CPU arrays only),
-    // the handler met them destroyed: a segmentation fault at exit in get_command_encoder.
-    mx::synchronize(stream);
-    std::atexit([] {
-      try {
-        mx::synchronize(stream);
-      } catch (...) {
-      }
-    });
+    if (stream.device.type == mx::Device::DeviceType::cpu) {
+      static const mx::Stream first = stream;
+      std::atexit([] {
+        try {
+          mx::synchronize(first);
+        } catch (...) {
+        }
+      });
+    }
   });
 }
 

@@ -12,9 +12,13 @@
 //! chunked ones) runs its sequences one after another,
 //! as mlx-lm's server does. A sequence
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
-//! constrained a step queues the forward pass, reads the current tokens, and computes the masks on
-//! the CPU while the device runs it (one host sync per step, as without constraints), one row after
-//! another while they are cheap, on threads past that ([`commit_and_mask`]). With [`Speculation`] set, a sequence decoding alone runs
+//! constrained the mask of step n+1 needs step n's tokens on the host, so a step reads the current
+//! tokens, computes the masks on the CPU (one row after another while they are cheap, on threads
+//! past that: [`commit_and_mask`]) while the device runs the forward pass over those tokens, queues
+//! the masked sampling, and then queues the next forward pass over the sampled (still lazy) tokens
+//! before it returns: the device goes from one forward pass to the next without waiting for the
+//! host to build a graph (one host sync per step, as without constraints). That forward ahead is
+//! left out while newcomers wait (they join at the next step instead). With [`Speculation`] set, a sequence decoding alone runs
 //! speculative rounds instead (see `solo.rs`).
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
@@ -94,6 +98,9 @@ pub struct BatchEngine<'m> {
     rows: Vec<Row>,
     caches: Vec<Box<dyn KvCache>>,
     pending: Option<Pending>,
+    /// The logits (B, vocab) of the forward pass over `pending`'s tokens, queued already (a
+    /// constrained step's forward ahead); the caches hold those tokens' keys and values.
+    ahead: Option<Array>,
     leaving: Vec<u64>,
     steps: usize,
     /// Prompt positions prefilled since MLX's buffer cache was last cleared.
@@ -131,6 +138,7 @@ impl<'m> BatchEngine<'m> {
             rows: Vec::new(),
             caches: Vec::new(),
             pending: None,
+            ahead: None,
             leaving: Vec::new(),
             steps: 0,
             prefilled_since_clear: 0,
@@ -223,11 +231,15 @@ impl<'m> BatchEngine<'m> {
         let mut times = [std::time::Duration::ZERO; 7];
         self.drop_leaving()?;
         lap(&mut times[0], &mut clock);
-        if let Some(out) = self.solo_step()? {
-            self.steps += 1;
-            return Ok(out);
+        // With a forward pass ahead the rows decode on as they are: no sequence goes alone and
+        // newcomers join at the next step.
+        if self.ahead.is_none() {
+            if let Some(out) = self.solo_step()? {
+                self.steps += 1;
+                return Ok(out);
+            }
         }
-        let joined = self.prefill_some()?;
+        let joined = if self.ahead.is_none() { self.prefill_some()? } else { Vec::new() };
         lap(&mut times[1], &mut clock);
         if !joined.is_empty() {
             self.join(joined)?;
@@ -237,10 +249,17 @@ impl<'m> BatchEngine<'m> {
             self.add_trace(&times, 0, waits0);
             return Ok(Vec::new());
         };
-        let ids = if self.rows.iter().any(|r| r.constraint.is_some()) {
+        let constrained = self.rows.iter().any(|r| r.constraint.is_some());
+        let ids = if constrained || self.ahead.is_some() {
             // The forward pass runs while this step's tokens are committed and the masks computed.
-            let logits = self.forward(&current.tokens)?;
-            async_eval(&[&logits])?;
+            let logits = match self.ahead.take() {
+                Some(logits) => logits,
+                None => {
+                    let logits = self.forward(&current.tokens)?;
+                    async_eval(&[&logits])?;
+                    logits
+                }
+            };
             lap(&mut times[3], &mut clock);
             let ids = current.tokens.to_vec::<u32>()?;
             lap(&mut times[4], &mut clock);
@@ -248,7 +267,16 @@ impl<'m> BatchEngine<'m> {
             let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
             lap(&mut times[6], &mut clock);
             let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
+            let tokens = next.tokens.clone();
             self.queue(next)?;
+            // The next forward pass, queued behind the sampling (a separate evaluation: reading
+            // these tokens does not wait for it), unless newcomers or a sequence going alone are due.
+            let alone = self.speculation.is_some() && self.rows.len() == 1;
+            if constrained && !alone && !self.newcomers() {
+                let logits = self.forward(&tokens)?;
+                async_eval(&[&logits])?;
+                self.ahead = Some(logits);
+            }
             lap(&mut times[3], &mut clock);
             ids
         } else {
@@ -325,6 +353,7 @@ impl<'m> BatchEngine<'m> {
                 self.rows.clear();
                 self.caches.clear();
                 self.pending = None;
+                self.ahead = None;
             }
             return Ok(());
         }
@@ -351,13 +380,16 @@ impl<'m> BatchEngine<'m> {
                 None => batch_cache_mut(c)?.filter(&keep)?,
             }
         }
-        if let Some(p) = self.pending.take() {
-            if !keep.is_empty() {
-                let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
-                let tokens = p.tokens.take(&Array::from_slice(&idx, &[idx.len() as i32])?, 0)?;
+        let (pending, ahead) = (self.pending.take(), self.ahead.take());
+        if !keep.is_empty() {
+            let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+            let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
+            if let Some(p) = pending {
+                let tokens = p.tokens.take(&idx, 0)?;
                 let logprobs = keep.iter().map(|&i| p.logprobs[i].clone()).collect();
                 self.pending = Some(Pending { tokens, logprobs });
             }
+            self.ahead = ahead.map(|logits| logits.take(&idx, 0)).transpose()?; // (kept, vocab)
         }
         let mut i = 0;
         self.rows.retain(|_| {

@@ -142,7 +142,7 @@ impl<'m> BatchEngine<'m> {
 
     /// Whether a sequence waits or is being prefilled that could join the running ones (a model
     /// without batch caches runs one sequence at a time: nothing joins it).
-    fn newcomers(&self) -> bool {
+    pub(super) fn newcomers(&self) -> bool {
         self.batchable && (!self.waiting.is_empty() || self.group.is_some())
     }
 
