@@ -12,7 +12,11 @@
 #                       Llama-3.2-3B shapes (2 rounds), mlx-gen with MLX_GEN_TRACE (its stage split kept in
 #                       $OUT/serving-SHAPE.mlx-gen.log), then (KB=N) mlx-gen alone with MLX_GEN_KEY_BUCKET=N at 8/32
 #                       streams, (PS2048=1) mlx-gen alone with --prefill-step-size 2048, (LA=N) mlx-gen alone with
-#                       and without MLX_GEN_PREFILL_LOOKAHEAD=N, 2 rounds each, alternating
+#                       and without MLX_GEN_PREFILL_LOOKAHEAD=N, 2 rounds each, alternating; SERVE_ARGS: mlx-gen
+#                       serve's extra flags
+#   gpu_suite.sh prompts  issue 20's 32 streams: serve --prompt-concurrency 8 / 16 / 32 and --prefill-step-size 2048 /
+#                       4096 / 8192, mlx-gen alone at 1 and 32 streams, 2 alternating rounds (PROMPT_SHAPES); then
+#                       batch_step_cost's exit status after --forward and after a batch step (its exit segfault)
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
 #   gpu_suite.sh hybrid Qwen3.5-9B (or SHAPE=qwen3.5-2b|qwen3.5-35b-a3b) side by side, prompt 512 and 4096 (PROMPTS,
@@ -210,7 +214,8 @@ serving)
     d=$(shape_dir $s)
     echo "== $s: mlx-gen (MLX_GEN_TRACE) and mlx_lm.server, 1/8/32 streams, 128 tokens, ${ROUNDS:-2} rounds"
     env $tuned MLX_GEN_TRACE=1 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
-        --max-tokens 128 --rounds ${ROUNDS:-2} --server-log "$out/serving-$s" --out "$out/serving-$s.json"
+        --max-tokens 128 --rounds ${ROUNDS:-2} --server-log "$out/serving-$s" --out "$out/serving-$s.json" \
+        --mlx-gen-args "${SERVE_ARGS:-}"
     grep -E '^trace:|warmed up' "$out/serving-$s.mlx-gen.log" | tail -8
     if [ -n "${KB:-}" ]; then
       echo "== $s: mlx-gen with MLX_GEN_KEY_BUCKET=$KB at 8 and 32 streams, 1 round"
@@ -231,6 +236,27 @@ serving)
     env $tuned python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" --concurrency 1,8,32 \
         --max-tokens 128 --rounds 2 --mlx-gen-args "--prefill-step-size 2048" --out "$out/serving-$s-2048.json"
   done
+  ;;
+prompts)
+  # Issue 20's 32 streams: how many prompts one prefill group takes (serve --prompt-concurrency, 8 as
+  # mlx_lm.server) and the prompt positions a step (--prefill-step-size), mlx-gen alone at 1 and 32 streams,
+  # alternating settings over 2 rounds; then the exit status of batch_step_cost --forward (its segfault at exit).
+  for s in ${PROMPT_SHAPES:-llama-3.2-3b}; do
+    d=$(shape_dir $s)
+    for r in 1 2; do
+      for a in "8 2048" "16 2048" "32 2048" "32 4096" "32 8192"; do
+        set -- $a
+        echo "-- $s round $r: --prompt-concurrency $1 --prefill-step-size $2"
+        env $tuned MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" \
+            --concurrency 1,32 --max-tokens 128 --rounds 1 --mlx-gen-args "--prompt-concurrency $1 --prefill-step-size $2" \
+            --server-log "$out/prompts-$s-$r-$1-$2" --out "$out/prompts-$s-$r-$1-$2.json" | grep -E "streams:"
+        grep -E "^trace: engine" "$out/prompts-$s-$r-$1-$2.mlx-gen.log" | tail -1
+      done
+    done
+  done
+  d=$(shape_dir llama-3.2-3b)
+  ./batch_step_cost "$d" --forward 1 8 | tail -2; echo "batch_step_cost --forward exit status ${PIPESTATUS[0]}"
+  ./batch_step_cost "$d" 1 8 | tail -1; echo "batch_step_cost exit status ${PIPESTATUS[0]}"
   ;;
 big)
   python3 bench/side_by_side.py --mlx-gen ./mlx-gen --models "$models" --shapes qwen2.5-7b -p 512 -g 256 -n 3 \

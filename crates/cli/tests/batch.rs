@@ -67,8 +67,13 @@ fn banned(salt: Option<u32>) -> Option<Box<dyn TokenConstraint>> {
 
 /// Runs every case through one batch engine; returns each case's tokens and the cached-prefix counts.
 fn batched(m: &LoadedModel, cases: &[Case], prefill_chunk: usize, pool: Option<PagedPool>) -> (Vec<Vec<u32>>, Vec<usize>) {
+    batched_rows(m, cases, prefill_chunk, pool, 8)
+}
+
+/// [`batched`] with at most `rows` prompts prefilled together.
+fn batched_rows(m: &LoadedModel, cases: &[Case], prefill_chunk: usize, pool: Option<PagedPool>, rows: usize) -> (Vec<Vec<u32>>, Vec<usize>) {
     let draws = init_random_draws(&m.path, &m.config).unwrap();
-    let mut engine = BatchEngine::new(m.model.as_ref(), prefill_chunk, pool);
+    let mut engine = BatchEngine::new(m.model.as_ref(), prefill_chunk, pool).with_prompt_concurrency(rows);
     let mut out: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
     let mut cached = vec![0; cases.len()];
     let mut step = 0;
@@ -222,13 +227,16 @@ fn newcomers_prefilled_together_and_shared_choices_match_their_runs_alone() {
     for (variant, chunk) in [("llama3-f32", 64), ("qwen3-f32", 2048)] {
         let m = LoadedModel::load(&common::model(variant)).unwrap();
         let want: Vec<Vec<u32>> = cases.iter().map(|c| alone(&m, &c.prompt, &c.sampler, c.seed, c.tokens)).collect();
-        let pool = PagedPool::new(m.model.make_cache().len(), 16, 64 << 20);
-        let (got, cached) = batched(&m, &cases, chunk, Some(pool.clone()));
-        assert_eq!(cached[cases.len() - 1], 48, "{variant}: the last prompt starts from the first one's 3 full blocks");
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g, w, "{variant}: sequence {i} differs from its run alone");
+        // Groups of at most 8 (the default), 2 and all of them (`serve --prompt-concurrency`).
+        for rows in [8, 2, 32] {
+            let pool = PagedPool::new(m.model.make_cache().len(), 16, 64 << 20);
+            let (got, cached) = batched_rows(&m, &cases, chunk, Some(pool.clone()), rows);
+            assert_eq!(cached[cases.len() - 1], 48, "{variant}: the last prompt starts from the first one's 3 full blocks");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{variant}, groups of {rows}: sequence {i} differs from its run alone");
+            }
+            assert_eq!((pool.usage().0, pool.usage().2), (0, 0), "{variant}: no block or sequence may stay held");
         }
-        assert_eq!((pool.usage().0, pool.usage().2), (0, 0), "{variant}: no block or sequence may stay held");
     }
 }
 

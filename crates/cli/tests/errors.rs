@@ -218,3 +218,12 @@ fn negative_temperature() {
     let d = common::model(GOOD);
     assert_error(&generate(&d, "Hello", &["--temp", "-1"], None), 1, &["temp"]);
 }
+
+#[test]
+fn serve_zero_sizes() {
+    let d = common::model(GOOD);
+    for flag in ["--prompt-concurrency", "--max-batch-size", "--prefill-step-size"] {
+        let out = common::mlx_gen(&["serve", "--model", d.to_str().unwrap(), "--port", "0", flag, "0"], None);
+        assert_error(&out, 1, &[flag]);
+    }
+}

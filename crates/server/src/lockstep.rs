@@ -20,6 +20,8 @@ pub struct BatchOptions {
     pub max_batch: usize,
     /// Prompt tokens prefilled per step (between two decode steps of the running batch).
     pub prefill_step_size: usize,
+    /// Different prompts prefilled together at most (`serve --prompt-concurrency`).
+    pub prompt_concurrency: usize,
     /// Bytes of KV cache the running sequences may reserve (prompt + max_tokens each).
     pub kv_budget_bytes: usize,
     /// Bytes of the prefix pool (finished sequences' keys and values kept for reuse); 0: off.
@@ -88,7 +90,7 @@ pub enum Call {
 
 /// The engine every rank builds alike, speculating with `speculation` (rank 0 alone: see the module doc).
 pub fn new_engine<'m>(loaded: &'m LoadedModel, options: &BatchOptions, pool: Option<PagedPool>, speculation: Option<Speculation<'m>>) -> BatchEngine<'m> {
-    let engine = BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool);
+    let engine = BatchEngine::new(loaded.model.as_ref(), options.prefill_step_size, pool).with_prompt_concurrency(options.prompt_concurrency);
     match speculation {
         Some(s) => engine.with_speculation(s),
         None => engine,

@@ -92,6 +92,8 @@ pub struct BatchEngine<'m> {
     states: Option<StatePrefixCache>,
     /// Whether newcomers with different prompts are prefilled together (plain KV caches only).
     groups: bool,
+    /// Rows of one prefill group at most.
+    group_rows: usize,
     waiting: VecDeque<Prefill>,
     /// The newcomers being prefilled now.
     group: Option<Group>,
@@ -130,6 +132,7 @@ impl<'m> BatchEngine<'m> {
             layers: model.make_cache().len(),
             batchable,
             groups: batchable && !recurrent && !lists,
+            group_rows: prefill::MAX_GROUP_ROWS,
             prefill_step_size: prefill_step_size.max(1),
             prefix: prefix.filter(|_| !recurrent),
             states,
@@ -147,6 +150,13 @@ impl<'m> BatchEngine<'m> {
             solo: None,
             spec_lost: None,
         }
+    }
+
+    /// Prefills at most `rows` different prompts together (mlx_lm.server's `--prompt-concurrency`,
+    /// 8 by default); at least 1.
+    pub fn with_prompt_concurrency(mut self, rows: usize) -> BatchEngine<'m> {
+        self.group_rows = rows.max(1);
+        self
     }
 
     /// Sequences decoding now and sequences still being prefilled (ended ones not counted).
@@ -414,7 +424,7 @@ impl<'m> BatchEngine<'m> {
                 if !self.batchable && (!self.rows.is_empty() || !joined.is_empty() || self.solo.is_some()) {
                     break;
                 }
-                self.group = Group::take(&mut self.waiting, budget, self.groups, !self.batchable);
+                self.group = Group::take(&mut self.waiting, budget, self.group_rows, self.groups, !self.batchable);
             }
             let Some(group) = self.group.as_mut() else { break };
             if budget < group.rows() && budget < self.prefill_step_size {

@@ -24,8 +24,9 @@ use std::collections::VecDeque;
 /// The id of a member removed while its group ran.
 const GONE: u64 = u64::MAX;
 
-/// Rows of one group at most (mlx-lm's `prefill_batch_size`).
-const MAX_GROUP_ROWS: usize = 8;
+/// Rows of one group at most by default (mlx-lm's `prefill_batch_size`, mlx_lm.server's
+/// `--prompt-concurrency`); [`super::BatchEngine::with_prompt_concurrency`] sets it.
+pub(super) const MAX_GROUP_ROWS: usize = 8;
 
 /// A waiting sequence.
 pub(super) struct Prefill {
@@ -89,7 +90,7 @@ impl Group {
     /// joins; a group runs `budget` positions per step, in chunks of columns); `batched`: whether
     /// several rows may form (plain KV caches only), else only sequences sharing the first's row
     /// join it; `alone`: the first only (a model that runs one sequence at a time).
-    pub fn take(waiting: &mut VecDeque<Prefill>, budget: usize, batched: bool, alone: bool) -> Option<Group> {
+    pub fn take(waiting: &mut VecDeque<Prefill>, budget: usize, max_rows: usize, batched: bool, alone: bool) -> Option<Group> {
         let head = waiting.pop_front()?;
         if alone {
             return Some(Group { members: vec![head], row_of: vec![0], first: vec![0], col: 0, cache: Vec::new(), own: false });
@@ -105,7 +106,7 @@ impl Group {
                 None => break,
             };
             // Padding at most half of the group's positions, unless they all fit this step.
-            if rows > MAX_GROUP_ROWS || (rows * w > budget && rows * w > 2 * r) {
+            if rows > max_rows || (rows * w > budget && rows * w > 2 * r) {
                 break;
             }
             let next = waiting.pop_front().expect("front exists");
