@@ -15,7 +15,8 @@
 #                       and without MLX_GEN_PREFILL_LOOKAHEAD=N, 2 rounds each, alternating; SERVE_ARGS: mlx-gen
 #                       serve's extra flags
 #   gpu_suite.sh prompts  issue 20's 32 streams: serve --prompt-concurrency 8 / 16 / 32 and --prefill-step-size 2048 /
-#                       4096 / 8192, mlx-gen alone at 1 and 32 streams, 2 alternating rounds (PROMPT_SHAPES); then
+#                       4096 / 8192, with and without the prefix cache (stored at every prefill), mlx-gen alone at
+#                       1, 8 and 32 streams, 2 alternating rounds (PROMPT_SHAPES, PROMPT_ROUNDS); then
 #                       batch_step_cost's exit status after --forward and after a batch step (its exit segfault)
 #   gpu_suite.sh big    the Qwen2.5-7B side-by-side row alone (3 rounds, pacing), and mlx-lm with mlx-gen's MLX tuning
 #   gpu_suite.sh moe    Qwen3-30B-A3B (or SHAPE=mixtral-8x7b) side by side, same MLX settings (issue 17)
@@ -243,14 +244,15 @@ prompts)
   # alternating settings over 2 rounds; then the exit status of batch_step_cost --forward (its segfault at exit).
   for s in ${PROMPT_SHAPES:-llama-3.2-3b}; do
     d=$(shape_dir $s)
-    for r in 1 2; do
-      for a in "8 2048" "16 2048" "32 2048" "32 4096" "32 8192"; do
+    for r in ${PROMPT_ROUNDS:-1 2}; do
+      for a in "8 2048 1024" "16 2048 1024" "32 2048 1024" "32 4096 1024" "32 8192 1024" "8 2048 0" "32 4096 0"; do
         set -- $a
-        echo "-- $s round $r: --prompt-concurrency $1 --prefill-step-size $2"
+        tag=$s-$r-$1-$2-$3
+        echo "-- $s round $r: --prompt-concurrency $1 --prefill-step-size $2 --prefix-cache-mb $3"
         env $tuned MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --server mlx-gen --mlx-gen ./mlx-gen --model "$d" \
-            --concurrency 1,32 --max-tokens 128 --rounds 1 --mlx-gen-args "--prompt-concurrency $1 --prefill-step-size $2" \
-            --server-log "$out/prompts-$s-$r-$1-$2" --out "$out/prompts-$s-$r-$1-$2.json" | grep -E "streams:"
-        grep -E "^trace: engine" "$out/prompts-$s-$r-$1-$2.mlx-gen.log" | tail -1
+            --concurrency 1,8,32 --max-tokens 128 --rounds 1 --server-log "$out/prompts-$tag" --out "$out/prompts-$tag.json" \
+            --mlx-gen-args "--prompt-concurrency $1 --prefill-step-size $2 --prefix-cache-mb $3" | grep -E "streams:"
+        grep -E "^trace: engine" "$out/prompts-$tag.mlx-gen.log" | tail -1
       done
     done
   done
