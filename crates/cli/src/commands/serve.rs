@@ -38,9 +38,11 @@ pub struct Args {
     #[arg(long)]
     prefill_step_size: Option<usize>,
     /// Different prompts prefilled together in one batched forward at most (mlx_lm.server's
-    /// `--prompt-concurrency`); newcomers beyond it wait for the next group.
-    #[arg(long, default_value_t = 8)]
-    prompt_concurrency: usize,
+    /// `--prompt-concurrency`); newcomers beyond it wait for the next group [default: 32 on a GPU
+    /// (32 streams of the Llama-3.2-3B shape: 1.2-1.6x the throughput of groups of 8 on an H100),
+    /// 8 on the CPU (mlx_lm.server's)].
+    #[arg(long)]
+    prompt_concurrency: Option<usize>,
     /// KV cache the running batch may hold, in MiB: the padded batch, every sequence as long as
     /// the longest one's prompt + max_tokens (requests wait for room; one that can never fit is
     /// refused).
@@ -75,7 +77,8 @@ pub fn run(args: Args) -> Result<()> {
     };
     let on_gpu = mlx::runtime::default_device() == mlx::runtime::Device::Gpu;
     let prefill_step_size = args.prefill_step_size.unwrap_or(if on_gpu { 2048 } else { 512 });
-    if args.max_batch_size == 0 || prefill_step_size == 0 || args.prompt_concurrency == 0 || args.kv_budget_mb == 0 || args.step_timeout == 0 {
+    let prompt_concurrency = args.prompt_concurrency.unwrap_or(if on_gpu { 32 } else { 8 });
+    if args.max_batch_size == 0 || prefill_step_size == 0 || prompt_concurrency == 0 || args.kv_budget_mb == 0 || args.step_timeout == 0 {
         anyhow::bail!("--max-batch-size, --prefill-step-size, --prompt-concurrency, --kv-budget-mb and --step-timeout must each be at least 1");
     }
     if engine::nn::sdpa::composed_max() > 0 {
@@ -95,7 +98,7 @@ pub fn run(args: Args) -> Result<()> {
     let batch = server::lockstep::BatchOptions {
         max_batch: args.max_batch_size,
         prefill_step_size,
-        prompt_concurrency: args.prompt_concurrency,
+        prompt_concurrency,
         kv_budget_bytes: args.kv_budget_mb << 20,
         prefix_cache_bytes: args.prefix_cache_mb << 20,
         speculation,

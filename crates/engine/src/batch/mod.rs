@@ -188,6 +188,9 @@ impl<'m> BatchEngine<'m> {
         }
         params.sampler.validate()?;
         params.sampler.validate_vocab(self.model.vocab_size())?;
+        // Sequences that ended leave their keys and values in the prefix pool first, so that this
+        // prompt finds them (a chat's next turn).
+        self.drop_leaving()?;
         let draft = self.seq_draft(spec, &params)?;
         let n_layers = self.layers;
         if !self.batchable {
@@ -431,7 +434,7 @@ impl<'m> BatchEngine<'m> {
                 // Not a column of this group left in this step's budget: it goes on next step.
                 break;
             }
-            let mut ctx = Ctx { model: self.model, states: self.states.as_mut(), prefix: self.prefix.as_ref().filter(|_| self.batchable), trace: &mut self.trace };
+            let mut ctx = Ctx { model: self.model, states: self.states.as_mut(), trace: &mut self.trace };
             let (spent, done) = group.advance(&mut ctx, budget, self.prefill_step_size)?;
             budget = budget.saturating_sub(spent);
             self.prefilled_since_clear += spent;

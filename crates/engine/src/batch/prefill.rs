@@ -13,7 +13,7 @@
 //! only form groups of one row.
 use super::solo::SeqDraft;
 use super::{filled, history_of, sample_rows, Pending, Row, SeqParams};
-use crate::cache::{BatchCache, KvCache, PagedPool, StatePrefixCache, StoredSeq};
+use crate::cache::{BatchCache, KvCache, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
 use crate::prefill::queue_chunk;
@@ -80,7 +80,6 @@ pub(super) struct Prefilled {
 pub(super) struct Ctx<'a> {
     pub model: &'a dyn Model,
     pub states: Option<&'a mut StatePrefixCache>,
-    pub prefix: Option<&'a PagedPool>,
     pub trace: &'a mut Option<super::StepTrace>,
 }
 
@@ -130,8 +129,7 @@ impl Group {
         self.members.iter().filter(|m| m.id != GONE).count()
     }
 
-    /// Forgets member `id` (its row still runs: it may be shared, and its prompt is kept in the
-    /// prefix pool); whether no member is left.
+    /// Forgets member `id` (its row still runs: it may be shared); whether no member is left.
     pub fn remove(&mut self, id: u64) -> bool {
         if let Some(m) = self.members.iter_mut().find(|m| m.id == id) {
             m.id = GONE;
@@ -212,8 +210,11 @@ impl Group {
         Ok(())
     }
 
-    /// Every prompt is in: rows aligned, last positions run, prompts stored in the prefix pool,
-    /// rows split per member and first tokens sampled.
+    /// Every prompt is in: rows aligned, last positions run, rows split per member and first tokens
+    /// sampled. The prompts go to the prefix pool with their answers when their sequences end (as
+    /// mlx_lm.server caches a prompt after its request): storing every group's prompts here as
+    /// well cost 15-20% of the Llama-3.2-3B shape's 32-stream throughput on an H100 (BENCHMARKS.md
+    /// 2026-12-07f) for requests that reuse a prefix still being decoded.
     fn finish(&mut self, ctx: &mut Ctx<'_>) -> Result<Prefilled> {
         let width = self.width();
         if !self.own {
@@ -230,14 +231,6 @@ impl Group {
         let rows = last.len() as i32;
         let logits = ctx.model.forward(&Array::from_slice(&last, &[rows, 1])?, &mut self.cache)?.reshape(&[rows, -1])?; // (rows, vocab)
         super::note_prefill(ctx.trace, rows as usize);
-        if let Some(pool) = ctx.prefix {
-            let kv = (0..rows as usize)
-                .map(|r| self.cache.iter().map(|c| if self.own { filled(c.as_ref()) } else { batch(c.as_ref())?.row(r) }).collect::<Result<Vec<_>>>())
-                .collect::<Result<Vec<_>>>()?;
-            let seqs: Vec<StoredSeq<'_>> = self.first.iter().zip(&kv).map(|(&f, kv)| (self.members[f].prompt.as_slice(), kv.as_slice())).collect();
-            // A full pool only means these prompts are not kept for reuse.
-            let _ = pool.store_all(&seqs);
-        }
         // One row per member still wanted.
         let row_of: Vec<usize> = self.members.iter().zip(&self.row_of).filter(|(m, _)| m.id != GONE).map(|(_, &r)| r).collect();
         let logits = if row_of == (0..self.first.len()).collect::<Vec<_>>() {
@@ -270,10 +263,6 @@ impl Group {
         async_eval(&to_eval)?;
         Ok(Prefilled { rows, cache: std::mem::take(&mut self.cache), own: self.own, first })
     }
-}
-
-fn batch(c: &dyn KvCache) -> Result<&BatchCache> {
-    c.as_batch().ok_or_else(|| EngineError::Invalid("a prefill group holds a cache that is not a batch cache".into()))
 }
 
 fn batch_mut(c: &mut Box<dyn KvCache>) -> Result<&mut BatchCache> {
