@@ -147,7 +147,7 @@ fn mlx_lm_sharded(model: &Path, split: Split) -> Value {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap_or_else(|e| panic!("run {}: {e}", launcher.display()));
-    let (status, err) = wait_bounded(&mut child, Duration::from_secs(300), "mlx.launch sharded_reference.py");
+    let (status, err) = wait_bounded(&mut child, Duration::from_secs(600), "mlx.launch sharded_reference.py");
     let mut out = String::new();
     child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
     assert!(status.success(), "mlx-lm's sharded generation failed ({status}):\n{err}");
