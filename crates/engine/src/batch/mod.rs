@@ -246,13 +246,15 @@ impl<'m> BatchEngine<'m> {
         lap(&mut times[0], &mut clock);
         // With a forward pass ahead the rows decode on as they are: no sequence goes alone and
         // newcomers join at the next step.
-        if self.ahead.is_none() {
+        let joined = if self.ahead.is_some() {
+            Vec::new()
+        } else {
             if let Some(out) = self.solo_step()? {
                 self.steps += 1;
                 return Ok(out);
             }
-        }
-        let joined = if self.ahead.is_none() { self.prefill_some()? } else { Vec::new() };
+            self.prefill_some()?
+        };
         lap(&mut times[1], &mut clock);
         if !joined.is_empty() {
             self.join(joined)?;
@@ -284,8 +286,7 @@ impl<'m> BatchEngine<'m> {
             self.queue(next)?;
             // The next forward pass, queued behind the sampling (a separate evaluation: reading
             // these tokens does not wait for it), unless newcomers or a sequence going alone are due.
-            let alone = self.speculation.is_some() && self.rows.len() == 1;
-            if constrained && !alone && !self.newcomers() {
+            if constrained && !self.newcomers() && !self.last_row_may_go_alone() {
                 let logits = self.forward(&tokens)?;
                 async_eval(&[&logits])?;
                 self.ahead = Some(logits);

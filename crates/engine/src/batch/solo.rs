@@ -165,10 +165,15 @@ impl<'m> BatchEngine<'m> {
             self.solo_from_prompt(p, spec)?;
             return self.solo_round().map(Some);
         }
-        if self.rows.len() == 1 && self.pending.is_some() && !self.newcomers() && eligible(&self.rows[0].draft, self.rows[0].constraint.as_deref()) {
+        if self.pending.is_some() && !self.newcomers() && self.last_row_may_go_alone() {
             return self.solo_from_row(spec).map(Some);
         }
         Ok(None)
+    }
+
+    /// Whether the batch's one row would go on alone in speculative rounds (with no newcomers).
+    pub(super) fn last_row_may_go_alone(&self) -> bool {
+        self.speculation.is_some() && self.rows.len() == 1 && eligible(&self.rows[0].draft, self.rows[0].constraint.as_deref())
     }
 
     /// The generator's settings for a sequence: its sampler, what is left of its token limit.
