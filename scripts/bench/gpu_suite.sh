@@ -44,6 +44,8 @@
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh pgemm  prefill's products: MLX's quantized product against dequantize + cuBLAS (prefill_gemm.py), then
 #                       the dequantized prefill (default) against MLX_GEN_PREFILL_GEMM=0: tokens, prefill, decode (issue 22)
+#   gpu_suite.sh prefill  issue 22's prefill and peak at prompt 512 and 4096 against mlx-lm (3 alternating rounds), with
+#                       the dequantized product from 512 rows as a third column at 512; its tokens from 128 rows
 #   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive (default) against MLX's cuda_kernel (=0):
 #                       tokens (bit for bit expected), decode and prefill (GDN_SHAPES, issue 18)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
@@ -517,6 +519,27 @@ pgemm)
     done
   done
   ;;
+prefill)
+  # Issue 22's prefill and peak targets side by side (>= 1.5x mlx-lm at prompt 512, >= 1.2x at 4096, peak <= 0.8x),
+  # with the dequantized prefill on by default (chunks of 1,024+ rows): mlx-gen, mlx-gen with the dequantized product
+  # from 512 rows (MLX_GEN_PREFILL_GEMM_ROWS=512, prompt 512 only) and mlx-lm, alternating, same MLX settings
+  # (PF_SHAPES, PF_PROMPTS, PF_ROUNDS). First the tokens with the dequantized product from 128 rows against none.
+  for s in ${PF_SHAPES:-llama-3.2-3b qwen3-0.6b}; do
+    d=$(shape_dir "$s")
+    for g in "MLX_GEN_PREFILL_GEMM=0" "MLX_GEN_PREFILL_GEMM_ROWS=128"; do
+      env $g ./mlx-gen generate --model "$d" --prompt "$(python3 -c "print(' '.join(['The history of the city'] * 150))")" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "/tmp/pf-${g%%=*}.json"
+    done
+    echo "== $s dequantized products from 128 rows against none: $(same_tokens /tmp/pf-MLX_GEN_PREFILL_GEMM.json /tmp/pf-MLX_GEN_PREFILL_GEMM_ROWS.json)"
+    for p in ${PF_PROMPTS:-512 4096}; do
+      for r in ${PF_ROUNDS:-1 2 3}; do
+        echo "== $s p$p round $r mlx-gen: $(MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 16 -n 2 --json | med)"
+        [ "$p" = 512 ] && echo "== $s p$p round $r mlx-gen ROWS=512: $(MLX_GEN_PREFILL_GEMM_ROWS=512 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 16 -n 2 --json | med)"
+        echo "== $s p$p round $r mlx-lm:  $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p "$p" -g 16 -n 2 | med)"
+      done
+    done
+  done
+  ;;
 gdnjit)
   # The gated-delta recurrence launched by our primitive (jit.cpp, the default, MLX_GEN_GDN_JIT=1) against MLX's cuda_kernel (=0):
   # greedy tokens and log-probabilities (the same arithmetic: equal means bit for bit), then decode and prefill
@@ -892,6 +915,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (prefill, mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

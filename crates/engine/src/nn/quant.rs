@@ -208,11 +208,17 @@ impl Quantized {
     /// peak is 0.77x mlx-lm's today against issue 22's 0.8x. `MLX_GEN_PREFILL_GEMM=0` turns it off.
     fn dequantized_pays(&self, x: &mlx::Array) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        static MIN_ROWS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
         let on = *ON.get_or_init(|| {
             std::env::var("MLX_GEN_PREFILL_GEMM").map_or(true, |v| v != "0") && mlx::fast::qmm_rows_available()
         });
+        // `MLX_GEN_PREFILL_GEMM_ROWS=N` moves the rows' bound (a measurement knob: a 512-token
+        // prompt's products against its peak memory, `gpu_suite.sh pgemm`).
+        let min_rows = *MIN_ROWS.get_or_init(|| {
+            std::env::var("MLX_GEN_PREFILL_GEMM_ROWS").ok().and_then(|v| v.parse().ok()).filter(|&n: &i64| n >= 128).unwrap_or(DEQUANT_MIN_ROWS)
+        });
         let rows = super::rows(x) as i64;
-        on && rows >= DEQUANT_MIN_ROWS
+        on && rows >= min_rows
             && rows.saturating_mul(self.matrix_elements()) >= DEQUANT_MIN_WORK
             && self.spec.mode == QuantMode::Affine
     }
