@@ -46,6 +46,7 @@ fn main() {
         .cpp(true)
         .std("c++20")
         .file("shim/shim.cpp")
+        .file("shim/eval.cpp")
         .file("shim/distributed.cpp")
         .file("shim/recurrent.cpp")
         .file("shim/norm.cpp")

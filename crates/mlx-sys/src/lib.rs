@@ -8,6 +8,11 @@
 pub mod distributed;
 pub mod ffi;
 pub mod mapped;
+mod memory;
+mod safetensors;
+
+pub use memory::*;
+pub use safetensors::*;
 
 use std::ffi::{c_int, CStr, CString};
 use std::ptr::{self, NonNull};
@@ -680,101 +685,6 @@ pub fn random_uniform(shape: &[i32], dtype: i32, key: Option<&Handle>) -> Result
 
 pub fn random_randint(low: i64, high: i64, shape: &[i32], dtype: i32, key: Option<&Handle>) -> Result<Handle> {
     make(|o| unsafe { ffi::mlxs_random_randint(o, low, high, shape.as_ptr(), len_i32(shape.len()), dtype, opt(key)) })
-}
-
-// ---- safetensors ----
-
-/// Tensors (lazily read) and metadata of one safetensors file.
-pub struct Loaded {
-    pub tensors: Vec<(String, Handle)>,
-    pub metadata: Vec<(String, String)>,
-}
-
-pub fn load_safetensors(path: &str) -> Result<Loaded> {
-    let cpath = cstring(path)?;
-    let mut t: ffi::mlxs_tensors = ptr::null_mut();
-    check(unsafe { ffi::mlxs_safetensors_load(&mut t, cpath.as_ptr()) })?;
-    if t.is_null() {
-        return Err("MLX returned no tensors".into());
-    }
-    let text = |p: *const std::ffi::c_char| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-    let result = (|| {
-        let n = unsafe { ffi::mlxs_tensors_len(t) };
-        let mut tensors = Vec::with_capacity(n);
-        for i in 0..n {
-            let name = text(unsafe { ffi::mlxs_tensors_name(t, i) });
-            let a = make(|o| unsafe { ffi::mlxs_tensors_array(o, t, i) })?;
-            tensors.push((name, a));
-        }
-        let m = unsafe { ffi::mlxs_tensors_meta_len(t) };
-        let metadata = (0..m)
-            .map(|i| unsafe { (text(ffi::mlxs_tensors_meta_key(t, i)), text(ffi::mlxs_tensors_meta_value(t, i))) })
-            .collect();
-        Ok(Loaded { tensors, metadata })
-    })();
-    // SAFETY: `t` was created by the shim and is not used after this.
-    unsafe { ffi::mlxs_tensors_free(t) };
-    result
-}
-
-pub fn save_safetensors(path: &str, tensors: &[(&str, &Handle)], metadata: &[(&str, &str)]) -> Result<()> {
-    let cpath = cstring(path)?;
-    let names = tensors.iter().map(|(n, _)| cstring(n)).collect::<Result<Vec<_>>>()?;
-    let name_ptrs: Vec<_> = names.iter().map(|n| n.as_ptr()).collect();
-    let arrays: Vec<_> = tensors.iter().map(|(_, a)| a.raw()).collect();
-    let keys = metadata.iter().map(|(k, _)| cstring(k)).collect::<Result<Vec<_>>>()?;
-    let vals = metadata.iter().map(|(_, v)| cstring(v)).collect::<Result<Vec<_>>>()?;
-    let key_ptrs: Vec<_> = keys.iter().map(|k| k.as_ptr()).collect();
-    let val_ptrs: Vec<_> = vals.iter().map(|v| v.as_ptr()).collect();
-    check(unsafe {
-        ffi::mlxs_safetensors_save(
-            cpath.as_ptr(),
-            name_ptrs.as_ptr(),
-            arrays.as_ptr(),
-            arrays.len(),
-            key_ptrs.as_ptr(),
-            val_ptrs.as_ptr(),
-            key_ptrs.len(),
-        )
-    })
-}
-
-// ---- memory ----
-
-pub fn active_memory() -> usize {
-    unsafe { ffi::mlxs_active_memory() }
-}
-pub fn peak_memory() -> usize {
-    unsafe { ffi::mlxs_peak_memory() }
-}
-/// Bytes MLX uses in place outside its allocator (mapped weights, host buffers), not in its figures.
-pub fn external_memory() -> usize {
-    unsafe { ffi::mlxs_external_memory() }
-}
-pub fn cache_memory() -> usize {
-    unsafe { ffi::mlxs_cache_memory() }
-}
-pub fn reset_peak_memory() {
-    unsafe { ffi::mlxs_reset_peak_memory() }
-}
-pub fn clear_cache() {
-    unsafe { ffi::mlxs_clear_cache() }
-}
-/// Hands the C heap's free memory back to the OS (glibc's `malloc_trim`, every arena; a no-op
-/// elsewhere): after a load whose temporary allocations (a tokenizer's parse, on another thread)
-/// would otherwise stay resident.
-pub fn trim_host_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free pages of the allocator's own arenas.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-pub fn set_cache_limit(limit: usize) -> usize {
-    unsafe { ffi::mlxs_set_cache_limit(limit) }
-}
-pub fn set_memory_limit(limit: usize) -> usize {
-    unsafe { ffi::mlxs_set_memory_limit(limit) }
 }
 
 // ---- gathered matmuls ----
