@@ -12,17 +12,8 @@
 
 namespace {
 
-using shim::arr;
+using shim::arrays;
 using shim::guard;
-
-std::vector<mx::array> arrays(const mlxs_array* a, size_t n) {
-  std::vector<mx::array> v;
-  v.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    v.push_back(arr(a[i]));
-  }
-  return v;
-}
 
 }  // namespace
 

@@ -65,6 +65,16 @@ inline mlxs_array wrap(mx::array a) {
   return new mlxs_array_{std::move(a)};
 }
 
+// n handles as arrays.
+inline std::vector<mx::array> arrays(const mlxs_array* a, size_t n) {
+  std::vector<mx::array> v;
+  v.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    v.push_back(arr(a[i]));
+  }
+  return v;
+}
+
 // The default device's GPU backend for custom kernels: 0 none (the CPU), 1 CUDA, 2 Metal.
 inline int kernel_backend() {
   try {

@@ -24,6 +24,7 @@ struct mlxs_tensors_ {
 namespace {
 
 using shim::arr;
+using shim::arrays;
 using shim::guard;
 using shim::opt;
 using shim::wrap;
@@ -46,15 +47,6 @@ int code_of(mx::Dtype d) { return static_cast<int>(d.val()); }
 mx::Shape shape_of(const int32_t* s, int n) { return mx::Shape(s, s + n); }
 
 std::vector<int> ints(const int32_t* s, int n) { return std::vector<int>(s, s + n); }
-
-std::vector<mx::array> arrays(const mlxs_array* a, size_t n) {
-  std::vector<mx::array> v;
-  v.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    v.push_back(arr(a[i]));
-  }
-  return v;
-}
 
 std::vector<int> all_axes(const mx::array& a) {
   std::vector<int> axes(a.ndim());
