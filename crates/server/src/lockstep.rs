@@ -138,8 +138,10 @@ pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions, speculation: Option
     // steps at every row count from the full batch down to one, as its rows leave one a step (on
     // an H100 the first 32-stream round of a server warmed up with 8 rows only spent 1.0 s in
     // prefill against 0.17 s warm: the kernels of 17-32 rows were compiled then).
+    // (Not for a model whose caches do not batch: its sequences run one after another, so a full
+    // batch would only be many sequential decodes, with no new row counts to meet.)
     let full = options.max_batch.min(WARM_UP_FULL_BATCH);
-    if full > rows + 2 {
+    if full > rows + 2 && engine::batch::is_batchable(loaded.model.as_ref()) {
         for i in 0..full {
             dummies.add(&mut engine, 10 + (i * 37) % 90, 2 + i)?;
         }
