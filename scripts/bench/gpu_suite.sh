@@ -77,6 +77,8 @@
 #   gpu_suite.sh graphs MLX's CUDA graphs against direct launches on host-bound decode (three shapes)
 #   gpu_suite.sh grouped  MoE prompts one expert at a time (MLX_GEN_MOE_GROUPED) against MLX's gathered product:
 #                       tokens, prefill (SHAPE, default mixtral-8x7b), the load's split at 8/1/4/16 threads; the decode kernel's tokens
+#   gpu_suite.sh warps  the tensor-core product with 16 warps splitting K for 8-16 rows against 8 (issues 19, 21):
+#                       the product, the batch step, a forward of 8-9 positions, the self-drafting round, its tokens
 #   gpu_suite.sh mma    the tensor-core product of 8-256 rows (MLX_GEN_QMM_MMA=1) against MLX's: error and time, the
 #                       batch step, a few-position forward, the self-drafting round, the server (issues 19, 20)
 #   gpu_suite.sh attn   our attention kernel for a few query positions against MLX's composed attention: batch step
@@ -835,6 +837,29 @@ verify)
   done
   MLX_GEN_CRASH_TRACE=1 ./batch_step_cost "$d3" --forward 1 2>&1 | tail -40; echo "batch_step_cost --forward exit status ${PIPESTATUS[0]}"
   ;;
+warps)
+  # The tensor-core product with 16 warps splitting K for 8-16 rows (MLX_GEN_QMM_MMA_WARPS=16) against 8: the
+  # product alone at 8 and 16 rows, then on the Llama-3.2-3B shape alternating over 2 rounds the batch step at 1/8/16
+  # rows, one forward of 1/8/9 positions, the self-drafting round (K = 4, every draft accepted) and its tokens.
+  for w in 8 16; do
+    echo "-- product alone, MLX_GEN_QMM_MMA_WARPS=$w"; MLX_GEN_QMM_MMA_WARPS=$w ./batch_step_cost --qmm 8 16
+  done
+  d3=$(shape_dir llama-3.2-3b)
+  for r in 1 2; do
+    for w in 8 16; do
+      echo "-- llama-3.2-3b round $r MLX_GEN_QMM_MMA_WARPS=$w"
+      MLX_GEN_QMM_MMA_WARPS=$w MLX_GEN_TRACE=1 ./batch_step_cost "$d3" 1 8 16 2>&1 | grep '^batch'
+      MLX_GEN_QMM_MMA_WARPS=$w ./batch_step_cost "$d3" --forward 1 8 9
+      MLX_GEN_QMM_MMA_WARPS=$w MLX_GEN_TRACE=1 ./mlx-gen bench -n 2 --model "$d3" -p 128 -g 256 --draft-model "$d3" \
+          --num-draft-tokens 4 --always-speculate 2>&1 | grep -E "^(Speculative|trace: [0-9]+ rounds)"
+    done
+  done
+  for w in 8 16; do
+    MLX_GEN_QMM_MMA_WARPS=$w ./mlx-gen generate --model "$d3" --draft-model "$d3" --num-draft-tokens 4 --prompt "The capital of France is" \
+        -m 64 --temp 0 --ignore-chat-template --output json --logprobs 2>/dev/null | tail -1 > "$out/warps-$w.json"
+  done
+  echo "== speculative tokens, 16 warps against 8: $(same_tokens "$out/warps-8.json" "$out/warps-16.json")"
+  ;;
 mma)
   # Issues 19 and 20: the quantized product of 8-256 rows on the tensor cores (MLX_GEN_QMM_MMA=1; the default for 8-32 rows since 2026-12-07e)
   # against MLX's tiled product: error and time at 8-64 rows (batch_step_cost --qmm), then on the Llama-3.2-3B
@@ -915,6 +940,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (prefill, mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (prefill, warps, mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

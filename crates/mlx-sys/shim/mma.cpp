@@ -204,22 +204,34 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
 )";
 }
 
-constexpr int kWarps = 8;
+// Warps a block (they split K): 8, or with MLX_GEN_QMM_MMA_WARPS=16 (a measurement knob, off until measured)
+// 16 for blocks of one or two row tiles. Each warp walks its K chunks one after another (the next chunk's
+// loads issued before this one's products), so a 3072-wide K is 6 chunks a warp at 8 warps, 3 at 16: a
+// product of 8 rows by a 3072 x 3072 weight took 9.2 us on an H100 where its bytes take about 2 at the
+// memory's pace (BENCHMARKS.md 2026-12-07e). Four tiles keep 8: their partial sums (ACC = 32 a lane) for 15
+// more warps would pass the 48 KB of static shared memory.
+int warps(int nt) {
+  static const int asked = [] {
+    const char* v = std::getenv("MLX_GEN_QMM_MMA_WARPS");
+    return v != nullptr && std::atoi(v) == 16 ? 16 : 8;
+  }();
+  return nt <= 2 ? asked : 8;
+}
 
 // x's strides come after the scalars, one an axis: (ldx, xcs) for x (M, K), (unused, ldx, xcs) for (1, M, K).
-std::string key(const char* t, int gs, int nt, int ndim) {
+std::string key(const char* t, int gs, int nt, int ndim, int nw) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "mlxgen_qmm_mma%d_%s_g%d_n%d_w%d", ndim, t, gs, nt, kWarps);
+  std::snprintf(buf, sizeof buf, "mlxgen_qmm_mma%d_%s_g%d_n%d_w%d", ndim, t, gs, nt, nw);
   return buf;
 }
 
-std::string source(const char* t, int gs, int nt, int ndim) {
+std::string source(const char* t, int gs, int nt, int ndim, int nw) {
   const char* mma_t = std::string(t) == "bf16_t" ? "bf16" : "f16";
   char consts[128];
   std::snprintf(consts, sizeof consts, "  constexpr int GS = %d;\n  constexpr int NT = %d;\n  constexpr int WARPS = %d;\n",
-                gs, nt, kWarps);
+                gs, nt, nw);
   return std::string(shim::jit_prelude()) + "using T = " + t + ";\n" + helpers(mma_t) +
-         "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kWarps * 32) +
+         "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(nw * 32) +
          ") KNAME(const T* x, const u32* w, const T* scales, const T* biases, T* out, int M, int K, int N, " +
          (ndim == 3 ? "int xs0, " : "") + "int ldx, int xcs) {\n" +
          consts + kBody + "}\n";
@@ -261,10 +273,11 @@ bool suits(const mx::array& x, const mx::array& w, const mx::array& s, const mx:
 
 std::vector<std::pair<std::string, std::string>> shim::qmm_mma_sources() {
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& [t, gs, nt, nd] : {std::tuple{"bf16_t", 64, 1, 2}, std::tuple{"bf16_t", 64, 2, 2},
-                                      std::tuple{"bf16_t", 64, 4, 2}, std::tuple{"bf16_t", 64, 1, 3},
-                                      std::tuple{"f16_t", 32, 4, 2}, std::tuple{"bf16_t", 128, 4, 3}}) {
-    out.emplace_back(key(t, gs, nt, nd), source(t, gs, nt, nd));
+  for (const auto& [t, gs, nt, nd, nw] : {std::tuple{"bf16_t", 64, 1, 2, 8}, std::tuple{"bf16_t", 64, 2, 2, 8},
+                                          std::tuple{"bf16_t", 64, 4, 2, 8}, std::tuple{"bf16_t", 64, 1, 3, 8},
+                                          std::tuple{"f16_t", 32, 4, 2, 8}, std::tuple{"bf16_t", 128, 4, 3, 8},
+                                          std::tuple{"bf16_t", 64, 1, 2, 16}, std::tuple{"f16_t", 128, 2, 3, 16}}) {
+    out.emplace_back(key(t, gs, nt, nd, nw), source(t, gs, nt, nd, nw));
   }
   return out;
 }
@@ -275,13 +288,13 @@ int mlxs_qmm_mma(mlxs_array* out, const mlxs_array x, const mlxs_array w, const 
                   const std::string& md) { return suits(xa, wa, sa, ba, group_size, bits, md); };
   auto run = [&](const mx::array& xa, const mx::array& wa, const mx::array& sa, const mx::array& ba) {
     const int m = xa.shape(-2), k = xa.shape(-1), n = wa.shape(0), nd = xa.ndim();
-    const int nt = tiles(m);
+    const int nt = tiles(m), nw = warps(nt);
     const char* t = shim::jit_type(xa.dtype());
-    auto& kern = shim::jit_kernel(key(t, group_size, nt, nd), [&] { return source(t, group_size, nt, nd); });
+    auto& kern = shim::jit_kernel(key(t, group_size, nt, nd, nw), [&] { return source(t, group_size, nt, nd, nw); });
     mx::Shape shape = xa.shape();
     shape.back() = n;
     return kern.launch({xa, wa, sa, ba}, {shape}, {xa.dtype()}, {m, k, n}, {true, false, false, false},
-                       {unsigned((n + 31) / 32), unsigned((m + 8 * nt - 1) / (8 * nt)), 1}, {kWarps * 32, 1, 1})[0];
+                       {unsigned((n + 31) / 32), unsigned((m + 8 * nt - 1) / (8 * nt)), 1}, {unsigned(nw * 32), 1, 1})[0];
   };
   return shim::quantized_product(out, x, w, scales, biases, group_size, bits, mode, fits, run);
 }
