@@ -15,8 +15,6 @@ namespace {
 using shim::arrays;
 using shim::guard;
 
-}  // namespace
-
 // Work queued with async_eval may still run when the process (or the evaluating thread) ends;
 // MLX's own state (scheduler, allocator, the stream's encoders) is then destroyed under it (seen as
 // glibc heap corruption at exit). So every thread that evaluates waits for its stream's queued work
@@ -34,7 +32,7 @@ using shim::guard;
 // backtrace: "file(+offset)" frames, which addr2line resolves against an unstripped copy), then
 // lets the signal do what it would have done: a crash inside MLX or a kernel launch on a machine
 // without a debugger says where it happened.
-static void crash_trace(int sig) {
+void crash_trace(int sig) {
   static const char head[] = "fatal signal; native call stack:\n";
   ssize_t ignored = write(2, head, sizeof head - 1);
   (void)ignored;
@@ -45,7 +43,7 @@ static void crash_trace(int sig) {
   std::raise(sig);
 }
 
-static void install_crash_trace() {
+void install_crash_trace() {
   const char* v = std::getenv("MLX_GEN_CRASH_TRACE");
   if (v == nullptr || std::strcmp(v, "1") != 0) {
     return;
@@ -61,8 +59,6 @@ static void install_crash_trace() {
   }
 }
 
-namespace {
-
 // Waits for a stream's queued work when its thread ends (see above).
 struct ThreadExitWait {
   mx::Stream stream;
@@ -73,9 +69,8 @@ struct ThreadExitWait {
     }
   }
 };
-}  // namespace
 
-static void wait_at_exit() {
+void wait_at_exit() {
   thread_local bool armed = false;
   if (armed) {
     return;
@@ -99,6 +94,8 @@ static void wait_at_exit() {
     }
   });
 }
+
+}  // namespace
 
 extern "C" {
 

@@ -113,9 +113,9 @@ const WARM_UP_FULL_BATCH: usize = 64;
 /// Runs the batch engine once over dummy sequences before the first request, in an engine of its
 /// own (no prefix pool), greedy: one sequence alone, then up to 8 rows of different lengths
 /// prefilled as a group, decoding with rows leaving one after another and two newcomers joining
-/// the running batch, then a full batch (up to 64 rows) decoding down to one row. On a GPU the first use of each kind of batched shape compiles kernels
-/// (on the H200 a fresh machine's first 8-stream round waited 42 s in its prefill); this pays that
-/// before a user's request does. Deterministic, so that every rank runs it alike (the forward
+/// the running batch, then a full batch (up to 64 rows) decoding down to one row. On a GPU the
+/// first use of each kind of batched shape compiles kernels (on the H200 a fresh machine's first
+/// 8-stream round waited 42 s in its prefill); this pays that before a user's request does. Deterministic, so that every rank runs it alike (the forward
 /// passes' collectives meet). With `speculation` (one rank only) a sequence then decodes alone
 /// in an engine that speculates every round (no fallback), on a prompt that repeats itself
 /// (prompt lookup finds its continuation at least in the first round): the draft
@@ -137,9 +137,8 @@ pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions, speculation: Option
     // A full batch: its prompts prefilled in groups as large as the server makes them, then decode
     // steps at every row count from the full batch down to one, as its rows leave one a step (on
     // an H100 the first 32-stream round of a server warmed up with 8 rows only spent 1.0 s in
-    // prefill against 0.17 s warm: the kernels of 17-32 rows were compiled then).
-    // (Not for a model whose caches do not batch: its sequences run one after another, so a full
-    // batch would only be many sequential decodes, with no new row counts to meet.)
+    // prefill against 0.17 s warm: the kernels of 17-32 rows were compiled then). Not for a model
+    // whose caches do not batch: its sequences run one after another, no new row counts to meet.
     let full = options.max_batch.min(WARM_UP_FULL_BATCH);
     if full > rows + 2 && engine::batch::is_batchable(loaded.model.as_ref()) {
         for i in 0..full {

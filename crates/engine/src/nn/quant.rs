@@ -213,7 +213,7 @@ impl Quantized {
             std::env::var("MLX_GEN_PREFILL_GEMM").map_or(true, |v| v != "0") && mlx::fast::qmm_rows_available()
         });
         // `MLX_GEN_PREFILL_GEMM_ROWS=N` moves the rows' bound (a measurement knob: a 512-token
-        // prompt's products against its peak memory, `gpu_suite.sh pgemm`).
+        // prompt's products against its peak memory, `gpu_suite.sh prefill`).
         let min_rows = *MIN_ROWS.get_or_init(|| {
             std::env::var("MLX_GEN_PREFILL_GEMM_ROWS").ok().and_then(|v| v.parse().ok()).filter(|&n: &i64| n >= 128).unwrap_or(DEQUANT_MIN_ROWS)
         });
