@@ -53,6 +53,7 @@ fn main() {
         .file("shim/qmm.cpp")
         .file("shim/attention.cpp")
         .file("shim/mask.cpp")
+        .file("shim/mailbox.cpp")
         .file("shim/route.cpp")
         .file("shim/mma.cpp")
         .file("shim/elf.cpp")

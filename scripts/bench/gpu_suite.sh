@@ -44,6 +44,8 @@
 #   gpu_suite.sh fallback  `round`'s prompt-lookup runs with the fallback alone (code-editing and random prompts)
 #   gpu_suite.sh pgemm  prefill's products: MLX's quantized product against dequantize + cuBLAS (prefill_gemm.py), then
 #                       the dequantized prefill (default) against MLX_GEN_PREFILL_GEMM=0: tokens, prefill, decode (issue 22)
+#   gpu_suite.sh mailbox  issue 21 at 8 streams: constrained steps reading their tokens through the mailbox (one
+#                       evaluation a step) against MLX_GEN_MAILBOX=0 and free decoding, CLI and server, with traces
 #   gpu_suite.sh prefill  issue 22's prefill and peak at prompt 512 and 4096 against mlx-lm (3 alternating rounds), with
 #                       the dequantized product from 512 rows as a third column at 512; its tokens from 128 rows
 #   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive (default) against MLX's cuda_kernel (=0):
@@ -131,6 +133,20 @@ alternate() {
   local var=$1 rounds=$2 d=$3; shift 3
   for r in $rounds; do
     for g in 0 1; do echo "== round $r $(basename "$d") $var=$g: $(env "$var=$g" ./mlx-gen bench --model "$d" "$@" --json | med)"; done
+  done
+}
+# Issue 21's server rounds at 8 streams, free / JSON schema x a variable's settings: `server8 VAR ROUNDS LOG`, the
+# rounds of free:V1 schema:V1 schema:V0 with VAR=V each, the engine's trace line after each (LOG: server logs' prefix).
+server8() {
+  local var=$1 rounds=$2 log=$3 r a extra
+  for r in $rounds; do
+    for a in free:1 schema:1 schema:0; do
+      extra=(); [ "${a%%:*}" = free ] || extra=(--json-schema /tmp/schema.json)
+      echo "-- round $r server, 8 streams, ${a%%:*}, $var=${a##*:}"
+      env "$var=${a##*:}" MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" \
+          --server mlx-gen --concurrency 8 --max-tokens 128 "${extra[@]}" --server-log "$log-$r-${a/:/-}" | grep "streams:"
+      grep -E '^trace: engine' "$log-$r-${a/:/-}.mlx-gen.log" | tail -1
+    done
   done
 }
 shape_dir() { local d=$models/$1-4bit-bfloat16; [ -f "$d/config.json" ] || python3 bench/make_shape.py "$1" "$d" --bits 4 --dtype bfloat16 >/dev/null; echo "$d"; }
@@ -395,15 +411,32 @@ constrained)
   done
   # The server's engine at 8 streams: free, constrained with the mask kernel, constrained with MLX's operations
   # (MLX_GEN_MASK_KERNEL=0), TRACE_SERVER_ROUNDS alternating rounds.
-  for r in ${TRACE_SERVER_ROUNDS-1 2}; do
+  server8 MLX_GEN_MASK_KERNEL "${TRACE_SERVER_ROUNDS-1 2}" "$out/constrained-trace"
+  ;;
+mailbox)
+  # Issue 21 at 8 streams: a constrained step's sampling and the forward pass over its tokens in one evaluation,
+  # the tokens read through the mailbox (default), against the sampling in an evaluation of its own
+  # (MLX_GEN_MAILBOX=0), and free decoding; Qwen3-0.6B shape with Qwen2.5's vocabulary as `constrained`. Greedy
+  # tokens on vs off, then MB_CLI_ROUNDS alternating CLI rounds (256 tokens) and MB_ROUNDS server rounds at 8
+  # streams (128 tokens), each with the trace (the wait for the tokens, the host's build+queue and masks).
+  d=$models/qwen3-0.6b-qwentok
+  [ -f "$d/config.json" ] || { python3 bench/make_shape.py qwen3-0.6b "$d" --bits 4 --dtype bfloat16 >/dev/null; cp "${TOK:-/tmp/tok}"/tokenizer*.json "$d/"; }
+  echo '{"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}' > /tmp/schema.json
+  tps() { python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['generation_tps'],1), d['generation_tokens'])"; }
+  for m in 1 0; do
+    MLX_GEN_MAILBOX=$m ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 --temp 0 --output json \
+        --json-schema /tmp/schema.json 2>/dev/null | tail -1 > "$out/mailbox-$m.json"
+  done
+  echo "== JSON schema, greedy 256, mailbox on against off: $(same_tokens "$out/mailbox-1.json" "$out/mailbox-0.json")"
+  for r in ${MB_CLI_ROUNDS-1 2 3}; do
     for a in free:1 schema:1 schema:0; do
       extra=(); [ "${a%%:*}" = free ] || extra=(--json-schema /tmp/schema.json)
-      echo "-- round $r server, 8 streams, ${a%%:*}, MLX_GEN_MASK_KERNEL=${a##*:}"
-      MLX_GEN_MASK_KERNEL=${a##*:} MLX_GEN_TRACE=1 timeout 150 python3 bench/server_load.py --mlx-gen ./mlx-gen --model "$d" \
-          --server mlx-gen --concurrency 8 --max-tokens 128 "${extra[@]}" --server-log "$out/constrained-trace-$r-${a/:/-}" | grep "streams:"
-      grep -E '^trace: engine' "$out/constrained-trace-$r-${a/:/-}.mlx-gen.log" | tail -1
+      o=$(MLX_GEN_MAILBOX=${a##*:} MLX_GEN_TRACE=1 ./mlx-gen generate --model "$d" --prompt "Describe the sea" -m 256 \
+          --output json "${extra[@]}" 2>/tmp/cli.err | tps)
+      echo "== round $r CLI ${a%%:*} MLX_GEN_MAILBOX=${a##*:}: $o | $(grep -E '^trace: [0-9]+ tokens' /tmp/cli.err)"
     done
   done
+  server8 MLX_GEN_MAILBOX "${MB_ROUNDS-1 2 3}" "$out/mailbox"
   ;;
 stall)
   # Issue 20 item 2's regression on the GPU: 10 rounds of 8 streams (every 4th prompt long, arrivals 50 ms
@@ -940,6 +973,6 @@ pacing)
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;
-*) echo "unknown section $section (prefill, warps, mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
+*) echo "unknown section $section (mailbox, prefill, warps, mma, route, devmem, jit, qmvcols, gather, auto, qmv, qmvside, qmmk, kserve, pacing, next, qmm, fusednorm, fallback, diag, perf, more, spec, realspec, round, serve, serving, stall, memory, big, check, moe, hybrid, fidelity, constrained)"; exit 2 ;;
 esac
 } 2>&1 | tee -a "$out/suite-$section.txt"

@@ -129,6 +129,22 @@ fn generate_follows_schemas_regexes_and_grammars() {
         let r = run(&[&["--grammar", lark.to_str().unwrap()][..], sampling].concat());
         assert!(r["text"] == "yes!" || r["text"] == "no!", "{r}");
     }
+    // A constrained token read through the mailbox while the forward pass behind it runs (one
+    // evaluation a step) changes no token: greedy and seeded runs equal those with the mailbox off
+    // (`MLX_GEN_MAILBOX=0`: the sampling an evaluation of its own) and those reading log-probabilities.
+    let mailbox_off = |extra: &[&str]| -> Value {
+        let mut args = vec!["generate", "--model", model, "--prompt", "hi", "-m", "60", "--output", "json"];
+        args.extend_from_slice(extra);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mlx-gen")).args(&args).env("MLX_GEN_MAILBOX", "0").stdin(std::process::Stdio::null()).output().unwrap();
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON output")
+    };
+    for sampling in [&[][..], &["--temp", "1.0", "--top-p", "0.9", "--seed", "5"][..]] {
+        let args = [&["--json-schema", schema_s][..], sampling].concat();
+        let on = run(&args);
+        assert_eq!(on["tokens"], mailbox_off(&args)["tokens"], "{args:?}: the mailbox changed the tokens");
+        assert_eq!(on["tokens"], run(&[&args[..], &["--logprobs"]].concat())["tokens"], "{args:?}: reading log-probabilities changed the tokens");
+    }
     let bad = dir.join("bad.json");
     std::fs::write(&bad, r#"{"type": "nope"}"#).unwrap();
     common::assert_error(&common::mlx_gen(&["generate", "--model", model, "--json-schema", bad.to_str().unwrap()], None), 1, &["--json-schema", "nope"]);

@@ -4,8 +4,10 @@
 //! token history (prompt, then each sampled token) is kept as a lazy array, as mlx-lm does.
 //! With a [`TokenConstraint`] each step reads the previous token and computes the next token mask
 //! on the CPU while the device runs the forward pass over that token (see `sample::constraint`),
-//! queues the masked sampling, then queues the following forward pass over the sampled (lazy) token
-//! before handing the previous one out, so the device does not wait for the host's graph building.
+//! and queues the masked sampling with the following forward pass over the sampled (lazy) token
+//! before handing the previous one out, so the device does not wait for the host's graph building;
+//! the token reaches the host through an [`mlx::Mailbox`] as soon as it is sampled (two evaluations,
+//! the sampling first, where there is none or the caller reads log-probabilities).
 use crate::cache::{maybe_quantize_kv_cache, KvCache, KvQuantConfig};
 use crate::prefill::prefill;
 use crate::error::{EngineError, Result};
@@ -13,7 +15,7 @@ use crate::models::Model;
 use crate::sample::processors::extend_history;
 use crate::sample::constraint::TokenConstraint;
 use crate::sample::SamplerConfig;
-use mlx::{async_eval, Array};
+use mlx::{async_eval, Array, Mailbox, Ticket};
 
 #[derive(Clone, Debug)]
 pub struct GenerateConfig {
@@ -81,6 +83,14 @@ pub struct Generator<'m> {
     /// pending token, queued already, so the device goes from one forward pass to the next while
     /// the host computes the mask; the caches hold that token's keys and values.
     ahead: Option<Array>,
+    /// Constrained, where the device has one (the CPU, CUDA): the mailbox a step's sampled token
+    /// goes through when its sampling and the forward pass over it are queued in one evaluation.
+    mailbox: std::cell::OnceCell<Option<Mailbox>>,
+    /// The post to read the pending token by, where it went through the mailbox.
+    ticket: Option<Ticket>,
+    /// Whether the caller reads the log-probabilities (then a constrained step queues the sampling
+    /// in an evaluation of its own: reading them would wait for the forward pass behind it).
+    logprobs_read: bool,
 }
 
 impl Drop for Generator<'_> {
@@ -139,7 +149,7 @@ impl<'m> Generator<'m> {
         config.validate(model, prompt)?;
         let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
         let timing = std::env::var_os("MLX_GEN_TRACE").map(|_| (0.0, 0.0, 0, 0.0, 0.0));
-        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint, ahead: None };
+        let mut g = Generator { model, cache, config, pending: None, n: 0, history: None, timing, waits_start: 0, constraint, ahead: None, mailbox: Default::default(), ticket: None, logprobs_read: false };
         let (track, keep) = (g.tracks_history(), g.config.sampler.processors.history_needed());
         let mut history = None;
         let all = Array::from_slice(&ids, &[1, ids.len() as i32])?; // (1, L)
@@ -160,6 +170,13 @@ impl<'m> Generator<'m> {
         g.pending = Some((y, logprobs));
         g.waits_start = mlx::host_waits();
         Ok(g)
+    }
+
+    /// Whether the caller reads each token's log-probabilities (off by default): a constrained
+    /// generator whose caller does not queues a token's sampling with the forward pass over it and
+    /// reads the token through the device's mailbox (see `advance`).
+    pub fn set_logprobs_read(&mut self, read: bool) {
+        self.logprobs_read = read;
     }
 
     /// One forward pass over `input` (L,): the sampled next token (1,) and its log-probabilities (vocab,).
@@ -252,7 +269,10 @@ impl<'m> Generator<'m> {
                 }
             };
             t1 = std::time::Instant::now();
-            token = y.item::<u32>()?;
+            token = match (self.ticket.take(), self.mailbox.get().and_then(Option::as_ref)) {
+                (Some(ticket), Some(mailbox)) => mailbox.read(ticket, &y)?[0],
+                _ => y.item::<u32>()?,
+            };
             let waited = std::time::Instant::now();
             let next = (|| -> Result<Option<(Array, Array)>> {
                 c.commit(token)?;
@@ -260,18 +280,31 @@ impl<'m> Generator<'m> {
                     Some(l) => {
                         let allowed = c.allowed_bits(self.model.vocab_size() as usize)?;
                         mask = waited.elapsed().as_secs_f64();
-                        let next = self.sample(l, Some(&allowed))?;
-                        async_eval(&[&next.0, &next.1])?;
-                        // Forward n+2 over the sampled (lazy) token, a separate evaluation: reading
-                        // token n+1 does not wait for it. Not past max_tokens, and only where the
-                        // caches can drop it again (`into_cache`).
+                        let (mut y, logprobs) = self.sample(l, Some(&allowed))?;
+                        // Forward n+2 over the sampled (lazy) token, not past max_tokens, and only
+                        // where the caches can drop it again (`into_cache`). Through the mailbox
+                        // (log-probabilities unread) both go in one evaluation and token n+1
+                        // reaches the host as soon as it is sampled; else the sampling is an
+                        // evaluation of its own, so that reading token n+1 does not wait for it.
                         let needed = self.config.max_tokens.is_none_or(|m| self.n + 2 < m);
                         if needed && self.cache.iter().all(|c| c.is_trimmable()) {
-                            let ahead = self.logits(&next.0)?;
-                            async_eval(&[&ahead])?;
-                            self.ahead = Some(ahead);
+                            let mailbox = if self.logprobs_read { None } else { self.mailbox.get_or_init(Mailbox::new).as_ref() };
+                            if let Some(mailbox) = mailbox {
+                                let (posted, ticket) = mailbox.post(&y)?;
+                                (y, self.ticket) = (posted, Some(ticket));
+                                let ahead = self.logits(&y)?;
+                                async_eval(&[&y, &logprobs, &ahead])?;
+                                self.ahead = Some(ahead);
+                            } else {
+                                async_eval(&[&y, &logprobs])?;
+                                let ahead = self.logits(&y)?;
+                                async_eval(&[&ahead])?;
+                                self.ahead = Some(ahead);
+                            }
+                        } else {
+                            async_eval(&[&y, &logprobs])?;
                         }
-                        Ok(Some(next))
+                        Ok(Some((y, logprobs)))
                     }
                     None => Ok(None),
                 }

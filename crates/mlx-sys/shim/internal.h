@@ -171,6 +171,14 @@ int quantized_product(mlxs_array* out, const mlxs_array x, const mlxs_array w, c
                       const mlxs_array biases, int group_size, int bits, const char* mode, const QuantSuits& suits,
                       const QuantLaunch& launch);
 
+// Page-locked host memory mapped into the CUDA device's address space (jit.cpp), kept for the life
+// of the process: `host` for the host's reads, `device` the address a kernel writes through.
+struct MappedHost {
+  void* host;
+  unsigned long long device;
+};
+MappedHost mapped_host(size_t bytes);
+
 // The kernel of variant `key` (a C identifier), its source written by `source` on first use; never
 // destroyed.
 JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source);
@@ -184,7 +192,8 @@ int jit_sm();
 // (key, source) of representative variants of each JitKernel, for mlxs_jit_check: the few-row and
 // gathered products (qmm.cpp), the residual add with the RMS norm (norm.cpp), attention of a few
 // query positions (attention.cpp), the gated-delta recurrence (recurrent.cpp), the token mask
-// (mask.cpp), a mixture of experts' router (route.cpp), the tensor-core product of 8-256 rows (mma.cpp).
+// (mask.cpp), a mixture of experts' router (route.cpp), the tensor-core product of 8-256 rows (mma.cpp),
+// the token mailbox's post (mailbox.cpp).
 std::vector<std::pair<std::string, std::string>> qmm_sources();
 std::vector<std::pair<std::string, std::string>> add_rms_norm_sources();
 std::vector<std::pair<std::string, std::string>> sdpa_few_sources();
@@ -192,5 +201,6 @@ std::vector<std::pair<std::string, std::string>> gated_delta_sources();
 std::vector<std::pair<std::string, std::string>> mask_tokens_sources();
 std::vector<std::pair<std::string, std::string>> moe_route_sources();
 std::vector<std::pair<std::string, std::string>> qmm_mma_sources();
+std::vector<std::pair<std::string, std::string>> mailbox_sources();
 
 }  // namespace shim

@@ -547,6 +547,14 @@ std::vector<mx::array> JitKernel::launch(const std::vector<mx::array>& inputs, c
                                 inputs);
 }
 
+MappedHost mapped_host(size_t bytes) {
+  if (!jit_available()) {
+    throw std::runtime_error("page-locked host memory for a kernel needs a CUDA GPU with NVRTC and the driver");
+  }
+  HostBlocks::Block b = host_blocks().take(bytes);  // never given back
+  return MappedHost{b.host, b.device};
+}
+
 JitKernel& jit_kernel(const std::string& key, const std::function<std::string()>& source) {
   static std::mutex lock;
   static auto* kernels = new std::unordered_map<std::string, JitKernel*>();
@@ -587,6 +595,9 @@ int mlxs_jit_check(const char* nvrtc_library, const char* arch, int* compiled) {
       all.push_back(std::move(s));
     }
     for (auto& s : shim::qmm_mma_sources()) {
+      all.push_back(std::move(s));
+    }
+    for (auto& s : shim::mailbox_sources()) {
       all.push_back(std::move(s));
     }
     *compiled = 0;

@@ -132,6 +132,18 @@ int mlxs_add_rms_norm(mlxs_array* h, mlxs_array* out, const mlxs_array x, const 
    memory (mask.cpp); *out is left null where that kernel does not run (not a CUDA GPU, MLX_GEN_MASK_KERNEL=0,
    logits not 2-D floats). */
 int mlxs_mask_tokens(mlxs_array* out, const mlxs_array logits, const uint32_t* words, size_t n_words);
+/* Reading sampled tokens before their evaluation ends (mailbox.cpp): a mailbox is a block of host memory
+   that a post's primitive writes its tokens and then a sequence number to, on a CUDA GPU (one kernel of
+   ours writing to page-locked mapped memory) or on the CPU (a task of MLX's CPU stream); mlxs_mailbox_new
+   fails elsewhere (Metal). mlxs_mailbox_post: tokens (n,) uint32 or int32 -> *out, the same tokens, to use
+   downstream in their place, and *seq, the post's number. mlxs_mailbox_wait: waits until post `seq` is in
+   the block and copies its n tokens to dst (*got = 1), or leaves *got = 0 where the caller must read
+   `posted` itself (never queued, or evaluated while a later post holds the block). */
+typedef struct mlxs_mailbox_* mlxs_mailbox;
+int mlxs_mailbox_new(mlxs_mailbox* out);
+void mlxs_mailbox_free(mlxs_mailbox m);
+int mlxs_mailbox_post(mlxs_array* out, uint32_t* seq, mlxs_mailbox m, const mlxs_array tokens);
+int mlxs_mailbox_wait(int* got, mlxs_mailbox m, uint32_t seq, const mlxs_array posted, uint32_t* dst, size_t n);
 /* The value of function `name` in the symbol table (.symtab) of the ELF file at `path`; 0 where it has none
    (elf.cpp: how jit.cpp finds MLX's device allocator for its kernels' outputs). */
 int mlxs_elf_function_value(const char* path, const char* name, uint64_t* value);

@@ -14,6 +14,11 @@ pub struct mlxs_tensors_ {
 pub type mlxs_array = *mut mlxs_array_;
 pub type mlxs_tensors = *mut mlxs_tensors_;
 #[repr(C)]
+pub struct mlxs_mailbox_ {
+    _private: [u8; 0],
+}
+pub type mlxs_mailbox = *mut mlxs_mailbox_;
+#[repr(C)]
 pub struct mlxs_group_ {
     _private: [u8; 0],
 }
@@ -217,6 +222,10 @@ extern "C" {
         kernel: c_int,
     ) -> c_int;
     pub fn mlxs_mask_tokens(out: *mut mlxs_array, logits: mlxs_array, words: *const u32, n_words: usize) -> c_int;
+    pub fn mlxs_mailbox_new(out: *mut mlxs_mailbox) -> c_int;
+    pub fn mlxs_mailbox_free(m: mlxs_mailbox);
+    pub fn mlxs_mailbox_post(out: *mut mlxs_array, seq: *mut u32, m: mlxs_mailbox, tokens: mlxs_array) -> c_int;
+    pub fn mlxs_mailbox_wait(got: *mut c_int, m: mlxs_mailbox, seq: u32, posted: mlxs_array, dst: *mut u32, n: usize) -> c_int;
     pub fn mlxs_qmm_mma(
         out: *mut mlxs_array,
         x: mlxs_array,

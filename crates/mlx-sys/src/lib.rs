@@ -8,9 +8,11 @@
 pub mod distributed;
 pub mod ffi;
 pub mod mapped;
+mod mailbox;
 mod memory;
 mod safetensors;
 
+pub use mailbox::Mailbox;
 pub use memory::*;
 pub use safetensors::*;
 

@@ -282,7 +282,7 @@ impl fmt::Debug for Array {
 /// Calls that wait for the device (evaluations and copies to the host), counted for the traces.
 static HOST_WAITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn count_wait() {
+pub(crate) fn count_wait() {
     HOST_WAITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 

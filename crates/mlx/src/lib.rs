@@ -8,9 +8,11 @@ mod error;
 pub mod distributed;
 pub mod fast;
 pub mod io;
+mod mailbox;
 pub mod ops;
 pub mod random;
 pub mod runtime;
 
 pub use array::{async_eval, eval, export_to_dot, host_waits, Array, Dtype, Element};
 pub use error::{Error, Result};
+pub use mailbox::{Mailbox, Ticket};

@@ -172,3 +172,43 @@ fn sdpa_few_is_refused_where_its_kernel_does_not_run() {
     let err = fast::sdpa_few(&q, &k, &k, 1.0, fast::Mask::None).unwrap_err().to_string();
     assert!(err.contains("CUDA GPU"), "{err}");
 }
+
+#[test]
+fn mailbox_reads_posted_tokens_before_the_rest_of_their_evaluation() {
+    use mlx::{async_eval, Mailbox};
+    let mailbox = Mailbox::new().expect("the CPU has a token mailbox");
+    let scores = ops::arange(0.0, 32.0, 1.0, Dtype::F32).unwrap().reshape(&[4, 8]).unwrap();
+    let scores = scores.mul(&Array::from_slice(&[1.0f32, -1.0, 1.0, -1.0], &[4, 1]).unwrap()).unwrap();
+    let tokens = scores.argmax(1, false).unwrap(); // (4,) [7, 0, 7, 0]
+    let (posted, ticket) = mailbox.post(&tokens).unwrap();
+    assert_eq!(posted.shape(), vec![4]);
+    // Work queued behind the tokens, over them, in the same evaluation.
+    let table = ops::arange(0.0, 8.0 * 256.0, 1.0, Dtype::F32).unwrap().reshape(&[8, 256]).unwrap();
+    let chain = |rows: Array| {
+        let mut x = rows.mul_scalar(1.0 / 2048.0).unwrap(); // (4, 256), values in [0, 1)
+        for _ in 0..8 {
+            x = x.matmul(&x.t().unwrap()).unwrap().matmul(&x).unwrap().mul_scalar(1.0 / 1024.0).unwrap();
+        }
+        x
+    };
+    let behind = chain(table.take(&posted, 0).unwrap());
+    async_eval(&[&posted, &behind]).unwrap();
+    assert_eq!(mailbox.read(ticket, &posted).unwrap(), vec![7, 0, 7, 0]);
+    let expected = chain(table.take(&tokens, 0).unwrap());
+    assert_eq!(behind.to_vec::<f32>().unwrap(), expected.to_vec::<f32>().unwrap());
+
+    // A post never queued is read from its array (evaluating it).
+    let (lone, t1) = mailbox.post(&Array::from_slice(&[3i32, 5], &[2]).unwrap()).unwrap();
+    assert_eq!(mailbox.read(t1, &lone).unwrap(), vec![3, 5]);
+    // A post whose block a later post took is read from its array too.
+    let (a, ta) = mailbox.post(&Array::from_slice(&[11u32], &[1]).unwrap()).unwrap();
+    let (b, tb) = mailbox.post(&Array::from_slice(&[12u32, 13], &[2]).unwrap()).unwrap();
+    assert_ne!(ta, tb);
+    async_eval(&[&a, &b]).unwrap();
+    assert_eq!(mailbox.read(tb, &b).unwrap(), vec![12, 13]);
+    assert_eq!(mailbox.read(ta, &a).unwrap(), vec![11]);
+    // Tokens must be one row of 32-bit integers.
+    let e = mailbox.post(&Array::from_slice(&[1u32, 2], &[1, 2]).unwrap()).unwrap_err();
+    assert!(e.message.contains("32-bit integer tokens"), "{}", e.message);
+    assert!(mailbox.post(&Array::from_slice(&[1.0f32], &[1]).unwrap()).is_err());
+}

@@ -210,6 +210,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     crate::rank::heartbeat("prefill");
     let mut stream = args.spec.stream(loaded.model.as_ref(), draft.as_ref(), &prompt_ids, cache, config, constraint)?;
+    stream.set_logprobs_read(want_logprobs);
     for step in stream.by_ref() {
         crate::rank::heartbeat("generation step");
         let (step, _from_draft) = step?;

@@ -14,11 +14,14 @@
 //! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
 //! constrained the mask of step n+1 needs step n's tokens on the host, so a step reads the current
 //! tokens, computes the masks on the CPU (one row after another while they are cheap, on threads
-//! past that: [`commit_and_mask`]) while the device runs the forward pass over those tokens, queues
-//! the masked sampling, and then queues the next forward pass over the sampled (still lazy) tokens
+//! past that: [`commit_and_mask`]) while the device runs the forward pass over those tokens, and
+//! queues the masked sampling with the next forward pass over the sampled (still lazy) tokens
 //! before it returns: the device goes from one forward pass to the next without waiting for the
-//! host to build a graph (one host sync per step, as without constraints). That forward ahead is
-//! left out while newcomers wait (they join at the next step instead). With [`Speculation`] set, a sequence decoding alone runs
+//! host to build a graph (one host sync and one evaluation per step, as without constraints). MLX
+//! signals an evaluation's arrays together, so the tokens go through an [`mlx::Mailbox`] that the
+//! device writes them to as soon as they are sampled; where there is none (Metal) or a row reads
+//! log-probabilities, the sampling is an evaluation of its own ahead of the forward pass. That
+//! forward ahead is left out while newcomers wait (they join at the next step instead). With [`Speculation`] set, a sequence decoding alone runs
 //! speculative rounds instead (see `solo.rs`).
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
@@ -28,7 +31,8 @@ use crate::sample::constraint::{commit_and_mask, TokenConstraint};
 use crate::sample::rows::RowSampling;
 use crate::sample::SamplerConfig;
 use mlx::random::KeySeq;
-use mlx::{async_eval, ops, Array};
+use mlx::{async_eval, ops, Array, Mailbox, Ticket};
+use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -75,6 +79,9 @@ struct Row {
 struct Pending {
     tokens: Array, // (B,)
     logprobs: Vec<Option<Array>>,
+    /// Where the tokens went through the mailbox (queued with the forward pass over them): the
+    /// post to read them by.
+    ticket: Option<Ticket>,
 }
 
 pub struct BatchEngine<'m> {
@@ -103,6 +110,9 @@ pub struct BatchEngine<'m> {
     /// The logits (B, vocab) of the forward pass over `pending`'s tokens, queued already (a
     /// constrained step's forward ahead); the caches hold those tokens' keys and values.
     ahead: Option<Array>,
+    /// Where the device has one (the CPU, CUDA): what a constrained step reads its tokens through
+    /// when it queues their sampling and the forward pass over them in one evaluation.
+    mailbox: OnceCell<Option<Mailbox>>,
     leaving: Vec<u64>,
     steps: usize,
     /// Prompt positions prefilled since MLX's buffer cache was last cleared.
@@ -142,6 +152,7 @@ impl<'m> BatchEngine<'m> {
             caches: Vec::new(),
             pending: None,
             ahead: None,
+            mailbox: OnceCell::new(),
             leaving: Vec::new(),
             steps: 0,
             prefilled_since_clear: 0,
@@ -276,20 +287,40 @@ impl<'m> BatchEngine<'m> {
                 }
             };
             lap(&mut times[3], &mut clock);
-            let ids = current.tokens.to_vec::<u32>()?;
+            let ids = match (current.ticket, self.mailbox.get().and_then(Option::as_ref)) {
+                (Some(ticket), Some(mailbox)) => mailbox.read(ticket, &current.tokens)?,
+                _ => current.tokens.to_vec::<u32>()?,
+            };
             lap(&mut times[4], &mut clock);
             let vocab = self.model.vocab_size() as usize;
             let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
             lap(&mut times[6], &mut clock);
-            let next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
-            let tokens = next.tokens.clone();
-            self.queue(next)?;
-            // The next forward pass, queued behind the sampling (a separate evaluation: reading
-            // these tokens does not wait for it), unless newcomers or a sequence going alone are due.
+            let mut next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
+            // The next forward pass, queued behind the sampling unless newcomers or a sequence
+            // going alone are due. Through the mailbox (no row reading log-probabilities, which
+            // would wait for the whole evaluation) both go in one evaluation and the tokens reach
+            // the host as soon as they are sampled; else the sampling is an evaluation of its own,
+            // so that reading its tokens does not wait for the forward pass.
             if constrained && !self.newcomers() && !self.last_row_may_go_alone() {
-                let logits = self.forward(&tokens)?;
-                async_eval(&[&logits])?;
-                self.ahead = Some(logits);
+                let mailbox = match next.logprobs.iter().all(Option::is_none) {
+                    true => self.mailbox.get_or_init(Mailbox::new).as_ref(),
+                    false => None,
+                };
+                if let Some(mailbox) = mailbox {
+                    let (posted, ticket) = mailbox.post(&next.tokens)?;
+                    (next.tokens, next.ticket) = (posted, Some(ticket));
+                    let logits = self.forward(&next.tokens)?;
+                    self.queue_with(next, Some(&logits))?;
+                    self.ahead = Some(logits);
+                } else {
+                    let tokens = next.tokens.clone();
+                    self.queue(next)?;
+                    let logits = self.forward(&tokens)?;
+                    async_eval(&[&logits])?;
+                    self.ahead = Some(logits);
+                }
+            } else {
+                self.queue(next)?;
             }
             lap(&mut times[3], &mut clock);
             ids
@@ -342,10 +373,16 @@ impl<'m> BatchEngine<'m> {
     /// Starts computing `next` (tokens, log-probabilities, the random streams' states) and keeps
     /// it as the step to hand out next.
     fn queue(&mut self, next: Pending) -> Result<()> {
+        self.queue_with(next, None)
+    }
+
+    /// [`BatchEngine::queue`], with `also` in the same evaluation.
+    fn queue_with(&mut self, next: Pending, also: Option<&Array>) -> Result<()> {
         let mut to_eval: Vec<&Array> = vec![&next.tokens];
         to_eval.extend(next.logprobs.iter().flatten());
         let key_states: Vec<Array> = self.rows.iter().filter_map(|r| r.params.keys.as_ref().map(|k| k.state().clone())).collect();
         to_eval.extend(key_states.iter());
+        to_eval.extend(also);
         async_eval(&to_eval)?;
         self.pending = Some(next);
         Ok(())
@@ -401,7 +438,7 @@ impl<'m> BatchEngine<'m> {
             if let Some(p) = pending {
                 let tokens = p.tokens.take(&idx, 0)?;
                 let logprobs = keep.iter().map(|&i| p.logprobs[i].clone()).collect();
-                self.pending = Some(Pending { tokens, logprobs });
+                self.pending = Some(Pending { tokens, logprobs, ticket: None });
             }
             self.ahead = ahead.map(|logits| logits.take(&idx, 0)).transpose()?; // (kept, vocab)
         }
@@ -523,7 +560,7 @@ impl<'m> BatchEngine<'m> {
             self.rows.extend(p.rows);
         }
         let tokens = if tokens.len() == 1 { tokens.pop().expect("one") } else { ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)? };
-        self.pending = Some(Pending { tokens, logprobs });
+        self.pending = Some(Pending { tokens, logprobs, ticket: None });
         Ok(())
     }
 
@@ -563,7 +600,7 @@ fn sample_rows(rows: &mut [Row], inputs: Option<&Array>, logits: &Array, masks: 
         .collect();
     let sampled = crate::sample::rows::sample_rows(&mut each, logits)?;
     let logprobs = rows.iter().enumerate().map(|(i, r)| r.params.logprobs.then(|| sampled.row_logprobs(i)).transpose()).collect::<Result<_>>()?;
-    Ok(Pending { tokens: sampled.tokens, logprobs })
+    Ok(Pending { tokens: sampled.tokens, logprobs, ticket: None })
 }
 
 /// Whether every cache the model makes is a plain KV cache (mlx-lm's `KVCache`, which `merge`s

@@ -286,11 +286,11 @@ impl<'m> BatchEngine<'m> {
             None => {
                 let last = *tokens.last().ok_or_else(|| EngineError::Invalid("a sequence without tokens".into()))?;
                 let held = tokens[..tokens.len() - 1].to_vec();
-                (held, Pending { tokens: Array::from_slice(&[last], &[1])?, logprobs: vec![None] }, true)
+                (held, Pending { tokens: Array::from_slice(&[last], &[1])?, logprobs: vec![None], ticket: None }, true)
             }
             Some((token, logprobs)) => {
                 let logprobs = params.logprobs.then(|| logprobs.squeeze(&[0])).transpose()?;
-                (tokens, Pending { tokens: token, logprobs: vec![logprobs] }, false)
+                (tokens, Pending { tokens: token, logprobs: vec![logprobs], ticket: None }, false)
             }
         };
         let history = history_of(&params.sampler, &held)?;

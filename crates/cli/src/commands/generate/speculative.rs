@@ -138,6 +138,14 @@ pub enum Tokens<'m> {
 }
 
 impl Tokens<'_> {
+    /// Whether the caller reads the log-probabilities (plain decoding under a constraint queues
+    /// each step in one evaluation only where it does not: see [`Generator::set_logprobs_read`]).
+    pub fn set_logprobs_read(&mut self, read: bool) {
+        if let Tokens::Plain(g) = self {
+            g.set_logprobs_read(read);
+        }
+    }
+
     /// Why the grammar ended generation early, if it did.
     pub fn constraint_note(&self) -> Option<String> {
         match self {
