@@ -307,7 +307,8 @@ fn a_resent_long_prefix_is_served_from_the_prefix_cache() {
 /// `serve --warmup on` runs the batch engine over dummy sequences before it listens (on the GPU the
 /// first batched shapes compile kernels: issue 20's stall); it leaves nothing behind: the same
 /// requests get the same answers as from a server that skipped it, nothing is running, no KV block
-/// is in use and no request is counted.
+/// is in use and no request is counted. Constrained requests too (the warm-up builds the
+/// vocabulary's token trie beside it).
 #[test]
 fn a_warmed_up_server_answers_as_one_that_was_not() {
     let warm = Server::start(&model(), &["--warmup", "on"]);
@@ -318,7 +319,14 @@ fn a_warmed_up_server_answers_as_one_that_was_not() {
     assert!(!m.lines().any(|l| l.starts_with("mlxgen_requests_total") && !l.ends_with(" 0")), "the warm-up counted as requests:\n{m}");
     let cold = Server::start(&model(), &["--warmup", "off"]);
     assert!(!said(&cold), "--warmup off warmed up");
-    let requests: Vec<(&str, Value)> = (0..6).map(request).collect();
+    let mut requests: Vec<(&str, Value)> = (0..6).map(request).collect();
+    for i in [0, 3] {
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+        let mut r = request(i);
+        r.1["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}});
+        r.1["max_tokens"] = json!(24);
+        requests.push(r);
+    }
     let together = |s: &Server| -> Vec<Streamed> {
         std::thread::scope(|scope| {
             let handles: Vec<_> = requests.iter().map(|(path, body)| scope.spawn(move || stream(s, path, body))).collect();
@@ -330,6 +338,9 @@ fn a_warmed_up_server_answers_as_one_that_was_not() {
         if let Err(e) = a[i].same_as(&b[i]) {
             panic!("request {i} differs after the warm-up: {e}");
         }
+    }
+    for r in &a[6..] {
+        assert!(r.choices[0].text.starts_with('{'), "a constrained answer that is not JSON: {:?}", r.choices[0].text);
     }
     assert_idle(&warm);
 }

@@ -64,11 +64,18 @@ pub struct Constraints {
 impl Constraints {
     /// Builds the token trie of `loaded`'s `tokenizer.json`, with its end-of-sequence tokens.
     pub fn new(loaded: &LoadedModel) -> Result<Constraints, String> {
-        let path = loaded.path.join("tokenizer.json");
-        let text = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let json: Value = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let eos: Vec<u32> = loaded.eos_token_ids.clone();
-        Self::from_tokenizer_json(&json, loaded.model.vocab_size() as usize, &eos)
+        Self::building(loaded)()
+    }
+
+    /// [`Constraints::new`] as a function to run later, on any thread (the trie of a 151k
+    /// vocabulary takes a few hundred milliseconds: the server builds it beside its warm-up).
+    pub fn building(loaded: &LoadedModel) -> impl FnOnce() -> Result<Constraints, String> + Send + 'static {
+        let (path, vocab, eos) = (loaded.path.join("tokenizer.json"), loaded.model.vocab_size() as usize, loaded.eos_token_ids.clone());
+        move || {
+            let text = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let json: Value = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Self::from_tokenizer_json(&json, vocab, &eos)
+        }
     }
 
     /// From a parsed `tokenizer.json`, for a model with `vocab` logits and these EOS ids.

@@ -150,7 +150,14 @@ pub fn spawn(
             }
         };
         if worker.options.warm_up {
-            match warm_up(&models.model, &worker.options, worker.speculation) {
+            // Constrained decoding's token trie, built beside the warm-up (else at the first
+            // constrained request, which would stall every stream meanwhile).
+            let trie = std::thread::Builder::new().name("mlx-gen-trie".into()).spawn(Constraints::building(&models.model));
+            let warmed = warm_up(&models.model, &worker.options, worker.speculation);
+            if let Ok(trie) = trie {
+                worker.constraints = Some(trie.join().unwrap_or_else(|_| Err("building the vocabulary's token trie failed".into())));
+            }
+            match warmed {
                 Ok((t, proposed)) => {
                     let drafts = if proposed > 0 { format!(" ({proposed} draft tokens verified)") } else { String::new() };
                     eprintln!("mlx-gen: batch engine warmed up in {:.2} s{drafts}", t.as_secs_f64());
@@ -247,7 +254,7 @@ struct Worker<'m> {
     /// With several ranks: the engine calls since the last step, for the other ranks to replay.
     share: Option<Share>,
     calls: Vec<Call>,
-    /// The grammar compiler, built at the first constrained request.
+    /// The grammar compiler: built beside the warm-up, else at the first constrained request.
     constraints: Option<Result<Constraints, String>>,
     /// `MLX_GEN_TRACE`: the serving steps' time by stage.
     trace: Option<WorkerTrace>,

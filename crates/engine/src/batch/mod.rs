@@ -9,10 +9,9 @@
 //! builds step n+1 while the device computes step n. Sampling follows each sequence's own
 //! settings, logits processors and random key stream, all rows in one graph
 //! ([`crate::sample::rows`]). A model whose own caches cannot be merged into a batch (rotating or
-//! chunked ones) runs its sequences one after another,
-//! as mlx-lm's server does. A sequence
-//! added with a [`TokenConstraint`] has its row masked before sampling; while any row is
-//! constrained the mask of step n+1 needs step n's tokens on the host, so a step reads the current
+//! chunked ones) runs its sequences one after another, as mlx-lm's server does. A sequence added
+//! with a [`TokenConstraint`] has its row masked before sampling; while any row is constrained the
+//! mask of step n+1 needs step n's tokens on the host, so a step reads the current
 //! tokens, computes the masks on the CPU (one row after another while they are cheap, on threads
 //! past that: [`commit_and_mask`]) while the device runs the forward pass over those tokens, and
 //! queues the masked sampling with the next forward pass over the sampled (still lazy) tokens
@@ -21,8 +20,8 @@
 //! signals an evaluation's arrays together, so the tokens go through an [`mlx::Mailbox`] that the
 //! device writes them to as soon as they are sampled; where there is none (Metal) or a row reads
 //! log-probabilities, the sampling is an evaluation of its own ahead of the forward pass. That
-//! forward ahead is left out while newcomers wait (they join at the next step instead). With [`Speculation`] set, a sequence decoding alone runs
-//! speculative rounds instead (see `solo.rs`).
+//! forward ahead is left out while newcomers wait (they join at the next step instead). With
+//! [`Speculation`] set, a sequence decoding alone runs speculative rounds instead (see `solo.rs`).
 use crate::cache::{ArraysCache, BatchCache, GrowingCache, KvCache, ListCache, PagedPool, StateNode, StatePrefixCache};
 use crate::error::{EngineError, Result};
 use crate::models::Model;
