@@ -13,7 +13,6 @@
 #include <mlx/backend/cpu/encoder.h>
 #include <mlx/primitives.h>
 
-#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -41,8 +40,13 @@ constexpr size_t kHeader = 32;  // words: the sequence number alone on its 128-b
 constexpr size_t kBytes = 64 * 1024;
 constexpr size_t kCapacity = kBytes / sizeof(uint32_t) - kHeader;
 
-std::atomic_ref<uint32_t> seq_word(mlxs_mailbox m) {
-  return std::atomic_ref<uint32_t>(m->words[0]);
+// The block's sequence number, read with acquire and written with release ordering (the compiler's
+// atomic builtins: libc++ has std::atomic_ref only from LLVM 19, past what macOS's toolchain ships).
+uint32_t load_seq(const uint32_t* words) {
+  return __atomic_load_n(&words[0], __ATOMIC_ACQUIRE);
+}
+void store_seq(uint32_t* words, uint32_t seq) {
+  __atomic_store_n(&words[0], seq, __ATOMIC_RELEASE);
 }
 
 // On the CPU: copies the tokens to the output and to the block, then stores the sequence number
@@ -62,7 +66,7 @@ class PostCpu : public mx::Primitive {
                       seq = seq_] {
       std::memcpy(dst, src, n * sizeof(uint32_t));
       std::memcpy(words + kHeader, src, n * sizeof(uint32_t));
-      std::atomic_ref<uint32_t>(words[0]).store(seq, std::memory_order_release);
+      store_seq(words, seq);
     });
   }
 
@@ -110,6 +114,8 @@ void pause(size_t round) {
   if (round < 2000) {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
 #endif
   } else if (round < 20000) {
     std::this_thread::yield();
@@ -141,7 +147,7 @@ int mlxs_mailbox_new(mlxs_mailbox* out) {
     } else {
       throw std::runtime_error("no token mailbox on this device (a CPU or a CUDA GPU has one)");
     }
-    seq_word(m.get()).store(0, std::memory_order_release);
+    store_seq(m->words, 0);
     *out = m.release();
   });
 }
@@ -192,7 +198,7 @@ int mlxs_mailbox_wait(int* got, mlxs_mailbox m, uint32_t seq, const mlxs_array p
                                   std::to_string(a.size()));
     }
     auto read = [&] {
-      if (seq_word(m).load(std::memory_order_acquire) != seq) {
+      if (load_seq(m->words) != seq) {
         return false;
       }
       std::memcpy(dst, m->words + kHeader, n * sizeof(uint32_t));
