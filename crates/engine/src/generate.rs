@@ -289,18 +289,22 @@ impl<'m> Generator<'m> {
                         let needed = self.config.max_tokens.is_none_or(|m| self.n + 2 < m);
                         if needed && self.cache.iter().all(|c| c.is_trimmable()) {
                             let mailbox = if self.logprobs_read { None } else { self.mailbox.get_or_init(Mailbox::new).as_ref() };
-                            if let Some(mailbox) = mailbox {
-                                let (posted, ticket) = mailbox.post(&y)?;
-                                (y, self.ticket) = (posted, Some(ticket));
-                                let ahead = self.logits(&y)?;
-                                async_eval(&[&y, &logprobs, &ahead])?;
-                                self.ahead = Some(ahead);
-                            } else {
-                                async_eval(&[&y, &logprobs])?;
-                                let ahead = self.logits(&y)?;
-                                async_eval(&[&ahead])?;
-                                self.ahead = Some(ahead);
-                            }
+                            let ahead = match mailbox {
+                                Some(mailbox) => {
+                                    let (posted, ticket) = mailbox.post(&y)?;
+                                    (y, self.ticket) = (posted, Some(ticket));
+                                    let ahead = self.logits(&y)?;
+                                    async_eval(&[&y, &logprobs, &ahead])?;
+                                    ahead
+                                }
+                                None => {
+                                    async_eval(&[&y, &logprobs])?;
+                                    let ahead = self.logits(&y)?;
+                                    async_eval(&[&ahead])?;
+                                    ahead
+                                }
+                            };
+                            self.ahead = Some(ahead);
                         } else {
                             async_eval(&[&y, &logprobs])?;
                         }

@@ -85,7 +85,7 @@ class PostCpu : public mx::Primitive {
 
 // On CUDA: one block copies the tokens to the output and to the mapped block, then (after a
 // system-wide fence) writes the sequence number. Host words: the block's device address (low, high
-// word), the sequence number, the token count.
+// word), the sequence number, the token count; HEADER is kHeader.
 const char* kSource = R"(
 extern "C" __global__ void KNAME(const u32* x, u32* out, const u32* host) {
   volatile u32* box = reinterpret_cast<volatile u32*>(static_cast<unsigned long long>(host[0]) |
@@ -94,7 +94,7 @@ extern "C" __global__ void KNAME(const u32* x, u32* out, const u32* host) {
   for (u32 i = threadIdx.x; i < n; i += blockDim.x) {
     const u32 t = x[i];
     out[i] = t;
-    box[32 + i] = t;
+    box[HEADER + i] = t;
   }
   __threadfence_system();
   __syncthreads();
@@ -106,7 +106,7 @@ extern "C" __global__ void KNAME(const u32* x, u32* out, const u32* host) {
 )";
 
 std::string source() {
-  return std::string(shim::jit_prelude()) + kSource;
+  return std::string(shim::jit_prelude()) + "#define HEADER " + std::to_string(kHeader) + "u\n" + kSource;
 }
 
 // Waits a little: spinning first (a token is usually a few microseconds away), then yielding.

@@ -115,11 +115,11 @@ const WARM_UP_FULL_BATCH: usize = 64;
 /// prefilled as a group, decoding with rows leaving one after another and two newcomers joining
 /// the running batch, then a full batch (up to 64 rows) decoding down to one row. On a GPU the
 /// first use of each kind of batched shape compiles kernels (on the H200 a fresh machine's first
-/// 8-stream round waited 42 s in its prefill); this pays that before a user's request does. Deterministic, so that every rank runs it alike (the forward
-/// passes' collectives meet). With `speculation` (one rank only) a sequence then decodes alone
-/// in an engine that speculates every round (no fallback), on a prompt that repeats itself
-/// (prompt lookup finds its continuation at least in the first round): the draft
-/// model's first steps and the verification's shape cost a fresh process about 0.1 s a round for
+/// 8-stream round waited 42 s in its prefill); this pays that before a user's request does.
+/// Deterministic, so that every rank runs it alike (the forward passes' collectives meet). With
+/// `speculation` (one rank only) a sequence then decodes alone in an engine that speculates every
+/// round (no fallback), on a prompt that repeats itself (prompt lookup finds its continuation at
+/// least in the first round): the draft model's first steps and the verification's shape cost a fresh process about 0.1 s a round for
 /// its first rounds on an H100 (BENCHMARKS.md), paid here rather than by a user's request.
 /// Returns how long it took and the draft tokens its speculative rounds proposed.
 pub fn warm_up(loaded: &LoadedModel, options: &BatchOptions, speculation: Option<Speculation<'_>>) -> Result<(std::time::Duration, usize)> {

@@ -305,19 +305,23 @@ impl<'m> BatchEngine<'m> {
                     true => self.mailbox.get_or_init(Mailbox::new).as_ref(),
                     false => None,
                 };
-                if let Some(mailbox) = mailbox {
-                    let (posted, ticket) = mailbox.post(&next.tokens)?;
-                    (next.tokens, next.ticket) = (posted, Some(ticket));
-                    let logits = self.forward(&next.tokens)?;
-                    self.queue_with(next, Some(&logits))?;
-                    self.ahead = Some(logits);
-                } else {
-                    let tokens = next.tokens.clone();
-                    self.queue(next)?;
-                    let logits = self.forward(&tokens)?;
-                    async_eval(&[&logits])?;
-                    self.ahead = Some(logits);
-                }
+                let logits = match mailbox {
+                    Some(mailbox) => {
+                        let (posted, ticket) = mailbox.post(&next.tokens)?;
+                        (next.tokens, next.ticket) = (posted, Some(ticket));
+                        let logits = self.forward(&next.tokens)?;
+                        self.queue_with(next, Some(&logits))?;
+                        logits
+                    }
+                    None => {
+                        let tokens = next.tokens.clone();
+                        self.queue(next)?;
+                        let logits = self.forward(&tokens)?;
+                        async_eval(&[&logits])?;
+                        logits
+                    }
+                };
+                self.ahead = Some(logits);
             } else {
                 self.queue(next)?;
             }
