@@ -1,7 +1,9 @@
 //! deepseek_v41.py's attention: the sliding window of single-head latents, the KV compressor
 //! (groups of `ratio` tokens pooled by a softmax gate) and the indexer that picks each query's
 //! top-k compressed groups (optionally within candidate blocks), attended together with sinks.
-use super::{append, fake_quant_fp4, fake_quant_fp8, Config, LayerCache, TailRope};
+use super::cache::{append, LayerCache};
+use super::rounding::{fake_quant_fp4, fake_quant_fp8, TailRope};
+use super::Config;
 use crate::error::Result;
 use crate::nn::moe::SwitchLinear;
 use crate::nn::{Linear, QuantConfig, RmsNorm, Rope, RopeScaling};

@@ -1,7 +1,8 @@
 //! deepseek_v41.py's pipeline stages: what a stage hands the next besides the streams and the
 //! `pre_mix` weights, the shared state that later layers read from earlier ones (`_crossing`),
 //! packed as one byte message in `_layout`'s order, each part at a multiple of 8 bytes.
-use super::{append, Config, LayerCache, Shared};
+use super::cache::{append, LayerCache};
+use super::{Config, Shared};
 use crate::error::{EngineError, Result};
 use crate::pipeline::Stage;
 use mlx::{ops, Array, Dtype};
