@@ -48,8 +48,9 @@
 #                       evaluation a step) against MLX_GEN_MAILBOX=0 and free decoding, CLI and server, with traces
 #   gpu_suite.sh prefill  issue 22's prefill and peak at prompt 512 and 4096 against mlx-lm (3 alternating rounds), with
 #                       the dequantized product from 512 rows as a third column at 512; its tokens from 128 rows
-#   gpu_suite.sh pfsweep  time to the first token by prompt length (16-2048) in both tools, mlx-gen also without the
-#                       prefill's lookahead bound: the fixed and per-position parts of prefill (issue 22; SW_SHAPE)
+#   gpu_suite.sh pfsweep  time to the first token by prompt length (16-2048) in both tools, mlx-gen also without clearing
+#                       MLX's buffer cache and without the prefill's lookahead bound: the fixed and per-position parts
+#                       of prefill (issue 22; SW_SHAPE, SW_PROMPTS, SW_ROUNDS)
 #   gpu_suite.sh gdnjit the gated-delta recurrence launched by our primitive (default) against MLX's cuda_kernel (=0):
 #                       tokens (bit for bit expected), decode and prefill (GDN_SHAPES, issue 18)
 #   gpu_suite.sh qmm    MLX's quantized matrix product by row count (1-9, 16, 32), as (rows, in) and (rows, 1, in),
@@ -580,13 +581,15 @@ prefill)
 pfsweep)
   # Issue 22's prefill at prompt 512: time to the first token against the prompt's length in both tools (same MLX
   # settings, alternating, SW_ROUNDS), to split a prompt's time into a fixed part and a part per position; mlx-gen
-  # also without the prefill's lookahead bound (MLX_GEN_PREFILL_LOOKAHEAD=0), with its trace of the prefill loop.
+  # also without clearing MLX's buffer cache (MLX_GEN_CLEAR_CACHE=0: the next forward pass allocates every buffer
+  # again after a clear) and without the prefill's lookahead bound (MLX_GEN_PREFILL_LOOKAHEAD=0), with the trace.
   d=$(shape_dir "${SW_SHAPE:-llama-3.2-3b}")
   for r in ${SW_ROUNDS:-1 2}; do
-    for p in ${SW_PROMPTS:-16 64 128 256 512 1024 2048}; do
-      echo "== p$p round $r mlx-gen: $(MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_TRACE=1 ./mlx-gen bench --model "$d" -p "$p" -g 4 -n 3 --json 2>/tmp/sw.err | med) | $(grep -E '^trace: prefill' /tmp/sw.err | tail -1)"
-      echo "== p$p round $r mlx-gen LOOKAHEAD=0: $(MLX_GEN_PREFILL_LOOKAHEAD=0 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$d" -p "$p" -g 4 -n 3 --json | med)"
-      echo "== p$p round $r mlx-lm:  $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p "$p" -g 4 -n 3 | med)"
+    for p in ${SW_PROMPTS:-16 128 512 2048}; do
+      for v in "" MLX_GEN_CLEAR_CACHE=0 MLX_GEN_PREFILL_LOOKAHEAD=0; do
+        echo "== p$p round $r mlx-gen ${v:-default}: $(env $v MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_TRACE=1 ./mlx-gen bench --model "$d" -p "$p" -g 4 -n 3 --json 2>/tmp/sw.err | med) | $(grep -E '^trace: prefill' /tmp/sw.err | tail -1)"
+      done
+      echo "== p$p round $r mlx-lm: $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p "$p" -g 4 -n 3 | med)"
     done
   done
   ;;
@@ -985,6 +988,7 @@ pacing)
     for r in 1 2; do
       echo "== $s round $r: $(MLX_GEN_TRACE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
     done
+    echo "== $s MLX_GEN_CLEAR_CACHE=0: $(MLX_GEN_TRACE=1 MLX_GEN_CLEAR_CACHE=0 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
     echo "== $s MLX_GEN_NO_FUSE=1: $(MLX_GEN_TRACE=1 MLX_GEN_NO_FUSE=1 MLX_MAX_OPS_PER_BUFFER=80 ./mlx-gen bench --model "$(shape_dir $s)" -p 128 -g 1024 -n 1 --pacing 2>&1 | grep '^Pacing')"
   done
   ;;

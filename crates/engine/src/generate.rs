@@ -335,7 +335,7 @@ impl<'m> Generator<'m> {
             t.4 += mask;
         }
         if self.n.is_multiple_of(256) {
-            mlx::runtime::clear_cache();
+            crate::prefill::clear_buffer_cache();
         }
         self.n += 1;
         Ok(Some(Generated { token, logprobs }))

@@ -17,8 +17,20 @@ pub fn prefill_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &
     maybe_quantize_kv_cache(cache, kv_quant)?;
     let state: Vec<Array> = cache.iter().flat_map(|c| c.state()).collect();
     mlx::eval(&state.iter().collect::<Vec<_>>())?;
-    mlx::runtime::clear_cache();
+    clear_buffer_cache();
     Ok(())
+}
+
+/// MLX's buffer cache cleared where mlx-lm clears it (after each prefill chunk, every 256 decoded
+/// tokens or speculative rounds), unless `MLX_GEN_CLEAR_CACHE=0`: a measurement knob for the GPU,
+/// where a cleared cache hands its memory back to CUDA (`cudaFreeAsync`, then the pool trimmed)
+/// and the next forward pass allocates every buffer again (`cudaMallocAsync`), on the host's
+/// path. Values are unchanged either way; only memory held between steps is.
+pub fn clear_buffer_cache() {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*OFF.get_or_init(|| std::env::var("MLX_GEN_CLEAR_CACHE").is_ok_and(|v| v.trim() == "0")) {
+        mlx::runtime::clear_cache();
+    }
 }
 
 /// [`prefill_chunk`] for the batch engine's groups of newcomers: the caches are queued

@@ -429,7 +429,7 @@ impl<'m> SpeculativeGenerator<'m> {
             self.y = vec![token];
         }
         if self.stats.plain_tokens.is_multiple_of(256) {
-            mlx::runtime::clear_cache();
+            crate::prefill::clear_buffer_cache();
         }
         Ok(())
     }
@@ -616,7 +616,7 @@ impl<'m> SpeculativeGenerator<'m> {
             self.k = if accepted == num_draft { (self.k + 2).min(self.k_max) } else { self.k.saturating_sub(1).max(1) };
         }
         if self.stats.rounds.is_multiple_of(256) {
-            mlx::runtime::clear_cache();
+            crate::prefill::clear_buffer_cache();
         }
         self.stats.round_tokens += handed;
         self.stats.round_s += t0.elapsed().as_secs_f64();

@@ -478,7 +478,7 @@ fn batch_trial(loaded: &LoadedModel, prompt: &[u32], args: &Args) -> Result<Tria
         y.to_vec::<u32>()?; // the host reads each step's tokens, as a generator hands them out
         y = next;
         if i % 256 == 0 {
-            mlx::runtime::clear_cache();
+            engine::prefill::clear_buffer_cache();
         }
     }
     y.to_vec::<u32>()?;
