@@ -23,12 +23,17 @@ case $n in
    fi ;;
 esac
 cd /tmp/w && source .gpubin/dev.sh && export OUT TOK=/tmp/tok REAL=/tmp/real
+# Every 20 s and after each section everything so far is packed into $OUT/call$n.tgz (first in name order, so it
+# comes back even when the call runs past its limit and the loose files pass the count that comes back).
+pack() { (cd "$OUT" && tar czf /tmp/res.tgz --exclude="call$n.tgz" . 2>/dev/null; [ -s /tmp/res.tgz ] && mv /tmp/res.tgz "$OUT/call$n.tgz"); }
+(while sleep 20; do pack; done) & packer=$!
 envs=()
 for a in "$@"; do
   case $a in
     *=*) envs+=("$a") ;;
-    *) env "${envs[@]}" bash .gpubin/bench/gpu_suite.sh "$a" >/dev/null 2>&1; envs=() ;;
+    *) env "${envs[@]}" bash .gpubin/bench/gpu_suite.sh "$a" >/dev/null 2>&1; envs=(); pack ;;
   esac
 done
 cat "$OUT"/suite-*.txt 2>/dev/null | grep -v '^\[transformers\]' | cut -c1-400
-(cd "$OUT" && tar czf /tmp/res.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/res.tgz "$OUT/call$n.tgz")
+kill "$packer" 2>/dev/null; wait "$packer" 2>/dev/null
+pack && find "$OUT" -mindepth 1 ! -name "call$n.tgz" -delete
