@@ -43,7 +43,7 @@ fn run(m: &LoadedModel, cs: Option<&Constraints>, rows: usize, tokens: usize, sa
         Ok(out.len())
     };
     // The prefill: until every row has handed out its first token.
-    while counts.iter().any(|&c| c == 0) {
+    while counts.contains(&0) {
         step(&mut engine, &mut counts, &mut live)?;
     }
     let _ = engine.take_trace();
