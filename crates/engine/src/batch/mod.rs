@@ -294,7 +294,9 @@ impl<'m> BatchEngine<'m> {
             let vocab = self.model.vocab_size() as usize;
             let masks = commit_and_mask(self.rows.iter_mut().map(|r| r.constraint.as_mut()).zip(ids.iter().copied()).collect(), vocab)?;
             lap(&mut times[6], &mut clock);
+            let g0 = Instant::now();
             let mut next = sample_rows(&mut self.rows, Some(&current.tokens), &logits, Some(&masks))?;
+            let mut graph = g0.elapsed();
             // The next forward pass, queued behind the sampling unless newcomers or a sequence
             // going alone are due. Through the mailbox (no row reading log-probabilities, which
             // would wait for the whole evaluation) both go in one evaluation and the tokens reach
@@ -307,16 +309,20 @@ impl<'m> BatchEngine<'m> {
                 };
                 let logits = match mailbox {
                     Some(mailbox) => {
+                        let g1 = Instant::now();
                         let (posted, ticket) = mailbox.post(&next.tokens)?;
                         (next.tokens, next.ticket) = (posted, Some(ticket));
                         let logits = self.forward(&next.tokens)?;
+                        graph += g1.elapsed();
                         self.queue_with(next, Some(&logits))?;
                         logits
                     }
                     None => {
                         let tokens = next.tokens.clone();
                         self.queue(next)?;
+                        let g1 = Instant::now();
                         let logits = self.forward(&tokens)?;
+                        graph += g1.elapsed();
                         async_eval(&[&logits])?;
                         logits
                     }
@@ -325,6 +331,7 @@ impl<'m> BatchEngine<'m> {
             } else {
                 self.queue(next)?;
             }
+            times[5] = graph;
             lap(&mut times[3], &mut clock);
             ids
         } else {

@@ -20,7 +20,8 @@ pub struct StepTrace {
     pub join: Duration,
     /// The batched forward and sampling graph built and queued.
     pub build: Duration,
-    /// Of `build`, building the graph alone (the rest is MLX queueing it; unconstrained steps).
+    /// Of `build`, building the graph alone (the rest is MLX queueing it); in a constrained step
+    /// the masked sampling, the mailbox's post and the forward pass queued ahead.
     pub graph: Duration,
     /// Waiting for the current step's tokens (the device's time not hidden behind the host's).
     pub wait: Duration,
