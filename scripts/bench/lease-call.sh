@@ -25,7 +25,8 @@ esac
 cd /tmp/w && source .gpubin/dev.sh && export OUT TOK=/tmp/tok REAL=/tmp/real
 # Every 20 s and after each section everything so far is packed into $OUT/call$n.tgz (first in name order, so it
 # comes back even when the call runs past its limit and the loose files pass the count that comes back).
-pack() { (cd "$OUT" && tar czf /tmp/res.tgz --exclude="call$n.tgz" . 2>/dev/null; [ -s /tmp/res.tgz ] && mv /tmp/res.tgz "$OUT/call$n.tgz"); }
+# Each packing writes a file of its own (the 20 s loop and a section's end may pack at once).
+pack() { (t=$(mktemp /tmp/res.XXXXXX) && cd "$OUT" && tar czf "$t" --exclude="call$n.tgz" . 2>/dev/null; [ -s "$t" ] && mv "$t" "$OUT/call$n.tgz"); }
 (while sleep 20; do pack; done) & packer=$!
 envs=()
 for a in "$@"; do

@@ -21,11 +21,12 @@ pub fn prefill_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &
     Ok(())
 }
 
-/// MLX's buffer cache cleared where mlx-lm clears it (after each prefill chunk, every 256 decoded
-/// tokens or speculative rounds), unless `MLX_GEN_CLEAR_CACHE=0`: a measurement knob for the GPU,
-/// where a cleared cache hands its memory back to CUDA (`cudaFreeAsync`, then the pool trimmed)
-/// and the next forward pass allocates every buffer again (`cudaMallocAsync`), on the host's
-/// path. Values are unchanged either way; only memory held between steps is.
+/// MLX's buffer cache cleared where the engine clears it (as mlx-lm: after each prefill chunk,
+/// every 256 decoded tokens, speculative rounds or batch steps; the batch engine also every
+/// [`BATCH_CLEAR_POSITIONS`] prefilled positions), unless `MLX_GEN_CLEAR_CACHE=0`: a measurement
+/// knob for the GPU, where a cleared cache hands its memory back to CUDA (`cudaFreeAsync`, then
+/// the pool trimmed) and the next forward pass allocates every buffer again (`cudaMallocAsync`),
+/// on the host's path. Values are unchanged either way; only memory held between steps is.
 pub fn clear_buffer_cache() {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !*OFF.get_or_init(|| std::env::var("MLX_GEN_CLEAR_CACHE").is_ok_and(|v| v.trim() == "0")) {

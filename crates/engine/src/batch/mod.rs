@@ -355,7 +355,7 @@ impl<'m> BatchEngine<'m> {
         }
         self.steps += 1;
         if self.steps.is_multiple_of(256) {
-            mlx::runtime::clear_cache();
+            crate::prefill::clear_buffer_cache();
         }
         self.add_trace(&times, out.len(), waits0);
         Ok(out)
@@ -488,7 +488,7 @@ impl<'m> BatchEngine<'m> {
             self.prefilled_since_clear += spent;
             if self.prefilled_since_clear >= crate::prefill::BATCH_CLEAR_POSITIONS {
                 self.prefilled_since_clear = 0;
-                mlx::runtime::clear_cache();
+                crate::prefill::clear_buffer_cache();
             }
             if let Some(done) = done {
                 self.group = None;
