@@ -582,11 +582,11 @@ pfsweep)
   # Issue 22's prefill at prompt 512: time to the first token against the prompt's length in both tools (same MLX
   # settings, alternating, SW_ROUNDS), to split a prompt's time into a fixed part and a part per position; mlx-gen
   # also without clearing MLX's buffer cache (MLX_GEN_CLEAR_CACHE=0: the next forward pass allocates every buffer
-  # again after a clear) and without the prefill's lookahead bound (MLX_GEN_PREFILL_LOOKAHEAD=0), with the trace.
+  # again after a clear), clearing only past 1 GiB cached (=1g), and without the prefill's lookahead bound (MLX_GEN_PREFILL_LOOKAHEAD=0), with the trace.
   d=$(shape_dir "${SW_SHAPE:-llama-3.2-3b}")
   for r in ${SW_ROUNDS:-1 2}; do
     for p in ${SW_PROMPTS:-16 128 512 2048}; do
-      for v in "" MLX_GEN_CLEAR_CACHE=0 MLX_GEN_PREFILL_LOOKAHEAD=0; do
+      for v in "" MLX_GEN_CLEAR_CACHE=0 MLX_GEN_CLEAR_CACHE=1g MLX_GEN_PREFILL_LOOKAHEAD=0; do
         echo "== p$p round $r mlx-gen ${v:-default}: $(env $v MLX_MAX_OPS_PER_BUFFER=80 MLX_GEN_TRACE=1 ./mlx-gen bench --model "$d" -p "$p" -g 4 -n 3 --json 2>/tmp/sw.err | med) | $(grep -E '^trace: prefill' /tmp/sw.err | tail -1)"
       done
       echo "== p$p round $r mlx-lm: $(MLX_MAX_OPS_PER_BUFFER=80 python3 bench/mlx_lm_bench.py --model "$d" -p "$p" -g 4 -n 3 | med)"

@@ -23,15 +23,36 @@ pub fn prefill_chunk(model: &dyn Model, cache: &mut [Box<dyn KvCache>], chunk: &
 
 /// MLX's buffer cache cleared where the engine clears it (as mlx-lm: after each prefill chunk,
 /// every 256 decoded tokens, speculative rounds or batch steps; the batch engine also every
-/// [`BATCH_CLEAR_POSITIONS`] prefilled positions), unless `MLX_GEN_CLEAR_CACHE=0`: a measurement
-/// knob for the GPU, where a cleared cache hands its memory back to CUDA (`cudaFreeAsync`, then
-/// the pool trimmed) and the next forward pass allocates every buffer again (`cudaMallocAsync`),
-/// on the host's path. Values are unchanged either way; only memory held between steps is.
+/// [`BATCH_CLEAR_POSITIONS`] prefilled positions). `MLX_GEN_CLEAR_CACHE` is a measurement knob for
+/// the GPU, where a cleared cache hands its memory back to CUDA (`cudaFreeAsync`, then the pool
+/// trimmed) and the next forward pass allocates every buffer again (`cudaMallocAsync`), on the
+/// host's path: `0` never clears, a byte count (`1073741824`, or with a suffix: `512m`, `1g`)
+/// clears only when the cache holds more than that. Values are unchanged either way; only memory
+/// held between steps is.
 pub fn clear_buffer_cache() {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*OFF.get_or_init(|| std::env::var("MLX_GEN_CLEAR_CACHE").is_ok_and(|v| v.trim() == "0")) {
-        mlx::runtime::clear_cache();
+    static POLICY: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let bound = *POLICY.get_or_init(|| clear_policy(std::env::var("MLX_GEN_CLEAR_CACHE").ok().as_deref()));
+    if let Some(bound) = bound {
+        if bound == 0 || mlx::runtime::cache_memory() > bound {
+            mlx::runtime::clear_cache();
+        }
     }
+}
+
+/// `MLX_GEN_CLEAR_CACHE`'s value as the cached bytes past which [`clear_buffer_cache`] clears:
+/// `Some(0)` (always) when unset, empty or unreadable, `None` (never) for `0`.
+fn clear_policy(value: Option<&str>) -> Option<usize> {
+    let v = value.map(str::trim).unwrap_or("").to_ascii_lowercase();
+    if v == "0" {
+        return None;
+    }
+    let (digits, scale) = match v.char_indices().last() {
+        Some((i, 'k')) => (&v[..i], 1usize << 10),
+        Some((i, 'm')) => (&v[..i], 1 << 20),
+        Some((i, 'g')) => (&v[..i], 1 << 30),
+        _ => (v.as_str(), 1),
+    };
+    Some(digits.parse::<usize>().ok().and_then(|n| n.checked_mul(scale)).unwrap_or(0))
 }
 
 /// [`prefill_chunk`] for the batch engine's groups of newcomers: the caches are queued
@@ -137,4 +158,23 @@ pub fn prefill(
         );
     }
     Ok(prompt.slice_axis(1, start, len)?) // (B, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clear_policy;
+
+    #[test]
+    fn clear_policy_reads_never_always_and_byte_bounds() {
+        assert_eq!(clear_policy(None), Some(0));
+        assert_eq!(clear_policy(Some("")), Some(0));
+        assert_eq!(clear_policy(Some("0")), None);
+        assert_eq!(clear_policy(Some(" 0 ")), None);
+        assert_eq!(clear_policy(Some("1")), Some(1));
+        assert_eq!(clear_policy(Some("4096")), Some(4096));
+        assert_eq!(clear_policy(Some("512m")), Some(512 << 20));
+        assert_eq!(clear_policy(Some("1G")), Some(1 << 30));
+        assert_eq!(clear_policy(Some("8k")), Some(8 << 10));
+        assert_eq!(clear_policy(Some("lots")), Some(0));
+    }
 }
